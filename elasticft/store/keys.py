@@ -1,0 +1,60 @@
+"""The etcd key layout of one run: every key eft reads or writes is named here.
+
+All keys live under ``<prefix>/<run_id>/`` (prefix ``/eft`` unless the user sets
+``key_prefix`` in ``--rdzv-conf``), so several runs can share one etcd.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    run_id: str
+    prefix: str = "/eft"
+
+    @property
+    def root(self) -> str:
+        return f"{self.prefix.rstrip('/')}/{self.run_id}/"
+
+    @property
+    def nodes(self) -> str:
+        """Prefix of the per-node records, each held under that node's lease."""
+        return self.root + "nodes/"
+
+    def node(self, node_id: str) -> str:
+        return self.nodes + node_id
+
+    def health(self, node_id: str, gpu: int | None = None) -> str:
+        base = f"{self.root}health/{node_id}/"
+        return base if gpu is None else f"{base}{gpu}"
+
+    @property
+    def ckpt_request(self) -> str:
+        return self.root + "ckpt/request"
+
+    def ckpt_ack(self, request_id: str) -> str:
+        return f"{self.root}ckpt/ack/{request_id}"
+
+    @property
+    def ckpt_latest(self) -> str:
+        return self.root + "ckpt/latest"
+
+    @property
+    def layout(self) -> str:
+        return self.root + "layout"
+
+    @property
+    def events(self) -> str:
+        return self.root + "events/"
+
+    @property
+    def rdzv_state(self) -> str:
+        """The pickled state of torch's dynamic rendezvous (opaque bytes)."""
+        return self.root + "rdzv/state"
+
+    @property
+    def c10d(self) -> str:
+        """Prefix of the c10d Store that the rendezvous hands to the agents."""
+        return self.root + "c10d/"

