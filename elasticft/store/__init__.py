@@ -11,7 +11,7 @@ from .client import (
     connect,
 )
 from .keys import RunKeys
-from .server import EmbeddedEtcd, EtcdNotFound, find_etcd
+from .server import EmbeddedEtcd, EtcdNotFound, find_etcd, free_port
 
 __all__ = [
     "EmbeddedEtcd",
@@ -26,4 +26,5 @@ __all__ = [
     "WatchEvent",
     "connect",
     "find_etcd",
+    "free_port",
 ]

@@ -162,6 +162,15 @@ class EtcdClient:
             return None
         return KeyValue(key, value, meta.mod_revision, meta.lease_id)
 
+    def get_with_revision(self, key: str) -> tuple[KeyValue | None, int]:
+        """The key (or None) and the store revision it was read at, for read-then-watch."""
+        response = self._call(lambda c: c.get_response(key))
+        revision = response.header.revision
+        if not response.kvs:
+            return None, revision
+        kv = response.kvs[0]
+        return KeyValue(key, kv.value, kv.mod_revision, kv.lease), revision
+
     def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         """All keys under ``prefix`` and the store revision they were read at."""
 

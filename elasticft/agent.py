@@ -1,0 +1,135 @@
+"""FTElasticAgent: torchrun's LocalElasticAgent plus a node lease and fast re-plans.
+
+What it changes, each through one of the agent's documented steps:
+
+* ``run``: before the first rendezvous, write ``nodes/<node_id>`` under an etcd lease
+  and start watching ``nodes/``; on the way out, leave (cleanly after success).
+* ``_rendezvous``: forget losses that happened before this round started.
+* ``_monitor_workers``: a lost member (its lease expired) restarts the local workers
+  through a new rendezvous at once, and is not charged to ``--max-restarts``. A worker
+  failure is first given ``failure_grace`` seconds to be explained by a lost member:
+  when a node dies its peers' collectives fail at once, but etcd only reports the
+  death when the lease runs out, and that failure is not the survivors' fault.
+
+With a rendezvous backend other than etcd-v3 there is no etcd to hold leases in, and
+the agent behaves exactly like torchrun's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+from .config import FTConfig
+from .membership import Membership, NodeLease, NodeRecord, default_node_id
+from .store import RunKeys, StoreOptions, connect
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EtcdTarget:
+    """Where this run's keys live: endpoints (with TLS/auth) and the key prefix."""
+
+    store: StoreOptions
+    keys: RunKeys
+
+
+class FTElasticAgent(LocalElasticAgent):
+    def __init__(self, spec, logs_specs, *, ft_config: FTConfig, etcd: EtcdTarget | None, **kwargs):
+        super().__init__(spec, logs_specs, **kwargs)
+        self._ft = ft_config
+        self._etcd = etcd
+        self._client = None
+        self._node_lease: NodeLease | None = None
+        self._membership: Membership | None = None
+        self.membership_restarts = 0
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def run(self, role: str = "default") -> RunResult:
+        self._join_membership()
+        clean = False
+        try:
+            result = super().run(role)
+            clean = not result.is_failed()
+            return result
+        finally:
+            self._leave_membership(clean)
+
+    def _join_membership(self) -> None:
+        if self._etcd is None:
+            return
+        self._client = connect(self._etcd.store)
+        record = NodeRecord(
+            node_id=self._ft.node_id or default_node_id(),
+            host=socket.gethostname(),
+            # The address torch's rendezvous names this agent by (see NodeRecord).
+            rdzv_addr=self._worker_group.spec.local_addr or socket.getfqdn(),
+            pid=os.getpid(),
+            gpus=list(range(self._worker_group.spec.local_world_size)),
+        )
+        self._membership = Membership(self._client, self._etcd.keys)
+        self._node_lease = NodeLease(self._client, self._etcd.keys, record, self._ft.lease_ttl)
+        log.info("node %s joined run %s (lease TTL %g s)", record.node_id, self._etcd.keys.run_id, self._ft.lease_ttl)
+
+    def _leave_membership(self, clean: bool) -> None:
+        if self._node_lease is not None:
+            self._node_lease.close(clean)
+        if self._membership is not None:
+            self._membership.close()
+        if self._client is not None:
+            self._client.close()
+
+    # -- overridden steps ------------------------------------------------------------
+
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        if self._membership is not None:
+            self._membership.take_losses()
+            self._forget_master_address(worker_group)
+        super()._rendezvous(worker_group)
+        log.info(
+            "rendezvous complete: node rank %s of %s, world size %s",
+            worker_group.group_rank,
+            worker_group.group_world_size,
+            worker_group.workers[0].world_size if worker_group.workers else 0,
+        )
+
+    @staticmethod
+    def _forget_master_address(worker_group: WorkerGroup) -> None:
+        """Make torch publish this round's master address instead of the first round's.
+
+        torch's dynamic rendezvous caches the workers' store address (hosted by the
+        rank-0 agent) from its first round and rebuilds it only on a node that becomes
+        rank 0. If the old rank 0 was the node we lost, the other survivors would send
+        their workers to a dead store. Forgetting the cache makes every round build it
+        anew: rank 0 starts a store, the others read its address from the rendezvous.
+        """
+        handler = worker_group.spec.rdzv_handler
+        if hasattr(handler, "_bootstrap_store_info"):
+            handler._bootstrap_store_info = None
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        result = super()._monitor_workers(worker_group)
+        membership = self._membership
+        if membership is None or result.state == WorkerState.SUCCEEDED:
+            return result
+        explained = membership.lost.is_set()
+        if not explained and result.state in (WorkerState.UNHEALTHY, WorkerState.FAILED):
+            explained = membership.lost.wait(self._ft.attribution_window)
+        if not explained:
+            return result
+        lost = membership.take_losses()
+        self.membership_restarts += 1
+        log.warning(
+            "lost node(s) %s; restarting workers through a new rendezvous "
+            "(a membership change, not charged to --max-restarts)",
+            ", ".join(f"{r.node_id} ({r.host})" for r in lost) or "?",
+        )
+        self._restart_workers(worker_group)
+        return RunResult(state=WorkerState.HEALTHY)

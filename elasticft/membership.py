@@ -1,0 +1,176 @@
+"""Who is in the job: node records kept alive by etcd leases, and a watch on them.
+
+Each agent writes ``/eft/<run>/nodes/<node_id>`` under its own lease (``NodeLease``).
+If the agent dies, nothing refreshes the lease and etcd deletes the key within the
+lease TTL. ``Membership`` mirrors the prefix (list, then watch from the next
+revision) and tells apart a node that left cleanly (it marked itself ``exited``
+before deleting its key) from a node that was lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+from . import __version__
+from .store import EtcdClient, Lease, RunKeys, StoreError, WatchEvent
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeRecord:
+    """The value of ``nodes/<node_id>``.
+
+    ``rdzv_addr`` and ``pid`` are how torch's dynamic rendezvous names this agent
+    (its ``_NodeDesc`` is ``addr_pid_localid``), so a lost lease can be matched to
+    the rendezvous participant it belonged to.
+    """
+
+    node_id: str
+    host: str
+    rdzv_addr: str
+    pid: int
+    gpus: list[int] = field(default_factory=list)
+    version: str = __version__
+    state: str = "running"
+    started: float = field(default_factory=time.time)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> "NodeRecord":
+        raw = json.loads(data)
+        known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
+        return cls(**known)
+
+    @property
+    def rdzv_identity(self) -> tuple[str, int]:
+        return (self.rdzv_addr, self.pid)
+
+
+def default_node_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class NodeLease:
+    """This agent's record, kept alive under its own lease."""
+
+    def __init__(self, client: EtcdClient, keys: RunKeys, record: NodeRecord, ttl: float):
+        self._client = client
+        self._key = keys.node(record.node_id)
+        self.record = record
+        self.lease: Lease = client.lease(ttl)
+        client.put(self._key, record.to_json(), lease=self.lease)
+
+    def close(self, clean: bool) -> None:
+        """Leave the job.
+
+        ``clean`` (the workers finished) marks the record exited before revoking, so
+        watchers see a departure. Otherwise the key just vanishes: to the survivors
+        that is a lost node, as it should be for an agent stopped by a signal.
+        """
+        if clean:
+            try:
+                self.record.state = "exited"
+                self._client.put(self._key, self.record.to_json(), lease=self.lease)
+            except StoreError as exc:
+                log.warning("could not mark node %s exited: %s", self.record.node_id, exc)
+        self.lease.revoke()
+
+
+class Membership:
+    """A live mirror of ``nodes/``; ``lost`` is set whenever a member is lost."""
+
+    def __init__(self, client: EtcdClient, keys: RunKeys):
+        self._client = client
+        self._prefix = keys.nodes
+        self._lock = threading.Lock()
+        self._records: dict[str, NodeRecord] = {}
+        self._lost: dict[str, NodeRecord] = {}  # every loss, for the rendezvous
+        self._unreported: list[NodeRecord] = []  # losses the agent has not acted on
+        self.lost = threading.Event()
+        self._closed = False
+        self._cancel = None
+        self._subscribe()
+
+    def _subscribe(self) -> None:
+        items, revision = self._client.get_prefix(self._prefix)
+        with self._lock:
+            self._records = {}
+            for item in items:
+                self._store(item.key, item.value)
+        self._cancel = self._client.watch_prefix(
+            self._prefix, self._on_events, start_revision=revision + 1, on_error=self._on_error
+        )
+
+    def _store(self, key: str, value: bytes) -> None:
+        try:
+            record = NodeRecord.from_json(value)
+        except (ValueError, TypeError) as exc:
+            log.warning("ignoring malformed node record %s: %s", key, exc)
+            return
+        self._records[key[len(self._prefix):]] = record
+
+    def _on_events(self, events: list[WatchEvent]) -> None:
+        with self._lock:
+            for event in events:
+                node_id = event.key[len(self._prefix):]
+                if not event.deleted:
+                    self._store(event.key, event.value)
+                    continue
+                record = self._records.pop(node_id, None)
+                if record is not None and record.state != "exited":
+                    log.debug("node %s (%s) lost its lease", node_id, record.host)
+                    self._lost[node_id] = record
+                    self._unreported.append(record)
+                    self.lost.set()
+
+    def _on_error(self, exc: Exception) -> None:
+        if self._closed:
+            return
+        log.warning("watch on %s broke (%s); resubscribing", self._prefix, exc)
+
+        def resubscribe():
+            while not self._closed:
+                try:
+                    self._subscribe()
+                    return
+                except StoreError as err:
+                    log.warning("resubscribe failed: %s", err)
+                    time.sleep(1.0)
+
+        threading.Thread(target=resubscribe, name="eft-membership-resubscribe", daemon=True).start()
+
+    def members(self) -> dict[str, NodeRecord]:
+        with self._lock:
+            return dict(self._records)
+
+    def lost_nodes(self) -> dict[str, NodeRecord]:
+        with self._lock:
+            return dict(self._lost)
+
+    def lost_rdzv_identities(self) -> set[tuple[str, int]]:
+        with self._lock:
+            return {record.rdzv_identity for record in self._lost.values()}
+
+    def take_losses(self) -> list[NodeRecord]:
+        """The nodes lost since the last call; clears ``lost``."""
+        with self._lock:
+            fresh, self._unreported = self._unreported, []
+            self.lost.clear()
+            return fresh
+
+    def close(self) -> None:
+        self._closed = True
+        if self._cancel is not None:
+            try:
+                self._cancel()
+            except StoreError:
+                pass

@@ -1,0 +1,170 @@
+"""``eft-run``: torchrun with an etcd v3 rendezvous and a fault-tolerant agent.
+
+The argument parser *is* torchrun's (``torch.distributed.run.get_args_parser``), with
+eft's own ``--eft-*`` flags added, so every torchrun flag, spelling and ``PET_*``
+variable behaves identically. The launch itself is torchrun's too
+(``torch.distributed.run.run``); eft only
+
+* starts an embedded etcd for ``--standalone`` (or etcd-v3 without an endpoint),
+* checks the etcd options up front so that mistakes cost one line, not a traceback,
+* has torch's ``launch_agent`` build ``FTElasticAgent`` instead of ``LocalElasticAgent``,
+* exports ``EFT_RUN_ID`` and ``EFT_ENDPOINT`` to the workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import signal
+import sys
+import uuid
+
+import torch.distributed.launcher.api as launcher_api
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.api import RendezvousError
+from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+from torch.distributed.run import get_args_parser, parse_min_max_nnodes
+from torch.distributed.run import run as torchrun_run
+
+from elasticft import torchrun_plugin
+from elasticft.agent import EtcdTarget, FTElasticAgent
+from elasticft.config import ConfigError, FTConfig, add_arguments, from_args
+from elasticft.rendezvous import EtcdRendezvousOptions, RendezvousConfigError, close_watches
+from elasticft.store import EmbeddedEtcd, EtcdNotFound, RunKeys, StoreError
+
+log = logging.getLogger("elasticft")
+
+USER_ERRORS = (ConfigError, RendezvousConfigError, StoreError, EtcdNotFound, RendezvousError)
+
+
+class UsageError(ValueError):
+    """A flag torchrun would reject with a traceback; eft says it in one line."""
+
+
+def build_parser():
+    parser = get_args_parser()
+    parser.prog = "eft-run"
+    parser.description = (
+        "eft-run: a drop-in torchrun with an etcd v3 rendezvous, node leases and "
+        "fault-tolerant restarts. All torchrun flags work unchanged."
+    )
+    add_arguments(parser, FTConfig, "eft (each flag also reads an EFT_* variable)")
+    return parser
+
+
+def _check_torchrun_args(args) -> dict[str, str]:
+    """Validate what torchrun would assert on; returns the parsed --rdzv-conf."""
+    try:
+        min_nodes, max_nodes = parse_min_max_nnodes(args.nnodes)
+    except (ValueError, RuntimeError):
+        raise UsageError(f"--nnodes: expected N or MIN:MAX, got {args.nnodes!r}") from None
+    if not 0 < min_nodes <= max_nodes:
+        raise UsageError(f"--nnodes: expected 0 < MIN <= MAX, got {args.nnodes!r}")
+    if args.max_restarts < 0:
+        raise UsageError(f"--max-restarts: expected >= 0, got {args.max_restarts}")
+    try:
+        return _parse_rendezvous_config(args.rdzv_conf)
+    except ValueError:
+        raise UsageError(f"--rdzv-conf: expected KEY=VALUE[,KEY=VALUE...], got {args.rdzv_conf!r}") from None
+
+
+def _etcd_target(args, rdzv_conf: dict[str, str]) -> tuple[EtcdTarget, float | None]:
+    min_nodes, max_nodes = parse_min_max_nnodes(args.nnodes)
+    params = RendezvousParameters(
+        backend=args.rdzv_backend,
+        endpoint=args.rdzv_endpoint,
+        run_id=args.rdzv_id,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        **rdzv_conf,
+    )
+    options = EtcdRendezvousOptions.from_params(params)
+    return EtcdTarget(options.store, RunKeys(args.rdzv_id, options.key_prefix)), options.lease_ttl
+
+
+@contextlib.contextmanager
+def _agent_factory(factory):
+    """Have torch's launch_agent build our agent.
+
+    Reusing torch's launch path keeps metrics, events, error files and exit codes
+    identical to torchrun's; the agent class is the one name it looks up.
+    """
+    original = launcher_api.LocalElasticAgent
+    launcher_api.LocalElasticAgent = factory
+    try:
+        yield
+    finally:
+        launcher_api.LocalElasticAgent = original
+
+
+def _setup_logging(level: str) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[eft] %(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    log.addHandler(handler)
+    log.setLevel(level.upper())
+    log.propagate = False
+
+
+def run(args, ft: FTConfig) -> None:
+    rdzv_conf = _check_torchrun_args(args)
+    torchrun_plugin.register()
+    embedded = None
+    try:
+        wants_embedded = args.standalone or (args.rdzv_backend == "etcd-v3" and not args.rdzv_endpoint)
+        if wants_embedded:
+            embedded = EmbeddedEtcd(ft.etcd_binary).start()
+            if args.standalone:
+                args.standalone = False
+                args.rdzv_id = str(uuid.uuid4())
+            args.rdzv_backend = "etcd-v3"
+            args.rdzv_endpoint = embedded.endpoint
+            log.info("embedded etcd on %s (run id %s)", embedded.endpoint, args.rdzv_id)
+
+        target = None
+        if args.rdzv_backend == "etcd-v3":
+            target, conf_ttl = _etcd_target(args, rdzv_conf)
+            if conf_ttl is not None:
+                ft.lease_ttl = conf_ttl
+            os.environ["EFT_RUN_ID"] = args.rdzv_id
+            os.environ["EFT_ENDPOINT"] = args.rdzv_endpoint
+
+        factory = functools.partial(FTElasticAgent, ft_config=ft, etcd=target)
+        with _agent_factory(factory):
+            torchrun_run(args)
+    finally:
+        close_watches()
+        if embedded is not None:
+            embedded.stop()
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    try:
+        parser = build_parser()
+    except ConfigError as exc:  # a malformed EFT_* variable
+        print(f"eft-run: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    args = parser.parse_args(argv)
+    try:
+        ft = from_args(FTConfig, args)
+        _setup_logging(os.environ.get("EFT_LOG_LEVEL", "INFO"))
+        run(args, ft)
+    except ChildFailedError:
+        raise
+    except SignalException as exc:
+        print(f"eft-run: stopped by {signal.Signals(exc.sigval).name}", file=sys.stderr)
+        sys.exit(128 + int(exc.sigval))
+    except KeyboardInterrupt:
+        print("eft-run: interrupted", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
+    except (UsageError, *USER_ERRORS) as exc:
+        print(f"eft-run: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

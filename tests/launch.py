@@ -1,0 +1,90 @@
+"""Start real launchers (eft-run, torchrun) as separate process groups, for tests and benches."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORKERS = HERE / "workers"
+
+
+def eft_run() -> list[str]:
+    found = shutil.which("eft-run")
+    return [found] if found else [sys.executable, "-m", "launcher.eft_run"]
+
+
+def torchrun() -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run"]
+
+
+class Launched:
+    """One launcher process in its own process group (a simulated node)."""
+
+    def __init__(self, cmd: list[str], log_path: Path, env: dict | None = None):
+        self.cmd = cmd
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+
+    def kill_node(self) -> None:
+        """kill -9 the agent and its workers, as if the machine died."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self._log.flush()
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        self._log.close()
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
+    """Return condition()'s first truthy value, or fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def generation(path: Path, world_size: int, after: float = 0.0) -> list[dict] | None:
+    """The worker starts with ``world_size`` since ``after``, once all ranks reported."""
+    starts = [r for r in read_jsonl(path) if r["world_size"] == world_size and r["time"] >= after]
+    ranks = {r["rank"] for r in starts}
+    return starts if ranks == set(range(world_size)) else None

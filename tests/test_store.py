@@ -1,0 +1,108 @@
+"""The etcd layer against a real etcd: CAS, leases, watches, the c10d store."""
+
+import threading
+import uuid
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from elasticft.membership import Membership, NodeLease, NodeRecord
+from elasticft.store import EmbeddedEtcd, RunKeys, StoreOptions, StoreUnavailable, connect
+from elasticft.store.c10d_store import EtcdStore
+
+
+def prefix():
+    return f"/test/{uuid.uuid4().hex}/"
+
+
+def test_compare_and_swap_lets_one_of_two_writers_win(etcd):
+    key = prefix() + "state"
+    ok1, first = etcd.compare_and_swap(key, None, b"a")
+    ok2, current = etcd.compare_and_swap(key, None, b"b")
+    assert ok1 and not ok2
+    assert current.value == b"a"
+    ok3, now = etcd.compare_and_swap(key, current.mod_revision, b"c")
+    assert ok3 and now.value == b"c"
+    ok4, _ = etcd.compare_and_swap(key, current.mod_revision, b"d")  # stale token
+    assert not ok4
+    assert etcd.get(key).value == b"c"
+
+
+def test_revoked_lease_deletes_its_keys_and_watch_sees_it(etcd):
+    base = prefix()
+    seen = []
+    deleted = threading.Event()
+
+    def on_events(events):
+        seen.extend(events)
+        if any(e.deleted for e in events):
+            deleted.set()
+
+    cancel = etcd.watch_prefix(base, on_events)
+    lease = etcd.lease(3)
+    etcd.put(base + "n1", b"x", lease=lease)
+    lease.revoke()
+    assert deleted.wait(5)
+    cancel()
+    assert etcd.get(base + "n1") is None
+    assert [(e.key, e.deleted) for e in seen] == [(base + "n1", False), (base + "n1", True)]
+
+
+def test_membership_tells_a_lost_node_from_one_that_left(etcd):
+    keys = RunKeys(uuid.uuid4().hex, "/test")
+    membership = Membership(etcd, keys)
+    try:
+        lost = NodeLease(etcd, keys, NodeRecord("a", "host-a", "addr-a", 11), ttl=3)
+        left = NodeLease(etcd, keys, NodeRecord("b", "host-b", "addr-b", 22), ttl=3)
+        assert membership.lost.wait(0) is False
+        left.close(clean=True)
+        lost.close(clean=False)
+        assert membership.lost.wait(5)
+        assert [r.node_id for r in membership.take_losses()] == ["a"]
+        assert membership.lost_rdzv_identities() == {("addr-a", 11)}
+        assert not membership.lost.is_set()
+    finally:
+        membership.close()
+
+
+def test_c10d_store_blocking_get_wakes_on_set(etcd):
+    store = EtcdStore(etcd, prefix(), timeout=timedelta(seconds=10))
+    result = {}
+    reader = threading.Thread(target=lambda: result.setdefault("v", store.get("k")))
+    reader.start()
+    store.set("k", "hello")
+    reader.join(10)
+    assert result["v"] == b"hello"
+
+
+def test_c10d_store_counters_and_compare_set(etcd):
+    store = EtcdStore(etcd, prefix(), timeout=timedelta(seconds=2))
+    adders = [threading.Thread(target=lambda: [store.add("n", 1) for _ in range(10)]) for _ in range(4)]
+    for t in adders:
+        t.start()
+    for t in adders:
+        t.join()
+    assert store.add("n", 0) == 40
+    assert store.compare_set("cs", "", "one") == b"one"
+    assert store.compare_set("cs", "wrong", "two") == b"one"
+    assert store.compare_set("cs", "one", "two") == b"two"
+    assert store.check(["n", "cs"]) and not store.check(["missing"])
+    with pytest.raises(dist.DistStoreError):
+        store.wait(["missing"], timedelta(milliseconds=300))
+
+
+def test_c10d_store_works_behind_torch_prefix_store(etcd):
+    # Keep the Python object alive: pybind's trampoline forgets its overrides otherwise
+    # (torch's handler holds its store the same way).
+    inner = EtcdStore(etcd, prefix(), timeout=timedelta(seconds=5))
+    store = dist.PrefixStore("round.1", inner)
+    store.multi_set(["a", "b"], ["1", "2"])
+    assert store.multi_get(["a", "b"]) == [b"1", b"2"]
+
+
+def test_unreachable_etcd_is_reported_with_its_endpoint():
+    with EmbeddedEtcd() as server:
+        endpoint = server.endpoint
+    with pytest.raises(StoreUnavailable, match=endpoint):
+        connect(StoreOptions(endpoint, timeout=1))
