@@ -79,7 +79,9 @@ def print_plan(chosen: Plan) -> None:
     console.print(f"layout  TP={chosen.tp} PP={chosen.pp} DP={chosen.dp}{vp}")
     console.print(f"used    {chosen.used} of {chosen.world} GPUs")
     if chosen.spare:
-        nodes = f"; whole nodes {_ranges(chosen.spare_nodes)}" if chosen.spare_nodes else ""
+        idle = chosen.spare_nodes
+        nodes = f" (node{'s' if len(idle) > 1 else ''} {_ranges(idle)} run{'' if len(idle) > 1 else 's'} " \
+            "nothing)" if idle else ""
         console.print(f"spare   {len(chosen.spare)} ranks: {_ranges(chosen.spare)}{nodes}")
     else:
         console.print("spare   none")
