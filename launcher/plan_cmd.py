@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -28,7 +28,7 @@ def _knob_option(name: str) -> Any:
                         help=knob.metadata["help"])
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.echo(f"eft plan: {message}", err=True)
     raise typer.Exit(2)
 
@@ -41,7 +41,6 @@ class _OneLineErrors(typer.core.TyperCommand):
             return super().parse_args(ctx, args)
         except typer.TyperException as err:  # typer's usage errors (it vendors click)
             _fail(err.format_message())
-            raise  # unreachable: _fail exits
 
 
 def cluster_nodes(world_size: int | None, nodes: str | None, gpus_per_node: int) -> list[int]:
