@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import typer
 
+from . import health_cmd
+
 app = typer.Typer(
     help="eft: tools for elastic, fault-tolerant Megatron training launched with eft-run.",
     no_args_is_help=True,
@@ -19,6 +21,9 @@ app = typer.Typer(
 @app.callback()
 def _root() -> None:
     """eft: tools for elastic, fault-tolerant Megatron training launched with eft-run."""
+
+
+health_cmd.register(app)
 
 
 def main() -> None:
