@@ -43,6 +43,9 @@ POWER_CV_START, POWER_CV_SPAN = 0.05, 0.15  # std of power / limit, above the pe
 BUSY_PEERS = 60.0  # %: peers' median utilisation that counts as "busy"
 UTIL_DROP_START, UTIL_DROP_SPAN = 10.0, 30.0  # percentage points below the busy peers
 RISE_START, RISE_SPAN = 0.25, 1.0  # C/minute faster than the peers' median
+# After a crossing a GPU re-arms only once its score falls below this fraction of the
+# threshold, so that a score hovering around the threshold is one crossing, not many.
+REARM_FRACTION = 0.8
 
 
 @dataclass
@@ -56,7 +59,7 @@ class GpuHistory:
     hw_slowdown: deque = field(init=False)  # bool, recent
     corrected: deque = field(init=False)  # (timestamp, count), the baseline window
     last_uncorrected: int | None = None
-    triggered: bool = False
+    armed: bool = True  # the next time the score reaches the threshold is a crossing
 
     def __post_init__(self) -> None:
         self.temps = deque(maxlen=self.window)
@@ -128,7 +131,7 @@ class RiskScore:
     factors: dict[str, float | None]  # None: the GPU gives no data for this factor
     dominant: str | None  # the factor that contributes most, None when all are 0
     triggered: bool  # score >= threshold
-    crossed: bool  # triggered now but not on this GPU's previous sample
+    crossed: bool  # triggered, and the first time since the score was last well below
     critical: str | None = None  # the critical event that forced the score to 1.0
 
     def to_dict(self) -> dict:
@@ -271,8 +274,11 @@ class RiskModel:
             dominant = "errors"
         triggered = score >= self.threshold - 1e-9
         history = self.history[s.key]
-        crossed = triggered and not history.triggered
-        history.triggered = triggered
+        crossed = triggered and history.armed
+        if crossed:
+            history.armed = False
+        elif score < self.threshold * REARM_FRACTION:
+            history.armed = True
         return RiskScore(
             node=s.node,
             gpu=s.gpu,

@@ -161,17 +161,19 @@ def _field_parser(name: str) -> Callable[[str], object]:
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     """Numbered lines that are not blank and not ``#`` comments."""
     try:
-        handle = open(path, newline="", encoding="utf-8")
+        handle = open(path, "rb")
     except OSError as exc:
         raise TraceError(f"{path}: cannot open: {exc.strerror or exc}") from None
     with handle:
-        number = 0
-        try:
-            for number, line in enumerate(handle, start=1):
-                if line.strip() and not line.lstrip().startswith("#"):
-                    yield number, line
-        except UnicodeDecodeError:
-            raise TraceError(f"{path}:{number + 1}: not a text file (invalid UTF-8)") from None
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise TraceError(f"{path}:{number}: not a text file (invalid UTF-8)") from None
+            if number == 1:
+                line = line.lstrip("\ufeff")  # a byte-order mark from a spreadsheet
+            if line.strip() and not line.lstrip().startswith("#"):
+                yield number, line
 
 
 def _columns(header: list[str], path: Path, line: int) -> tuple[str, list[str | None]]:
@@ -249,12 +251,17 @@ def batches(samples: Iterable[GpuSample]) -> Iterator[list[GpuSample]]:
     """Group consecutive samples into rounds: a round ends when a GPU repeats."""
     batch: list[GpuSample] = []
     seen: set[tuple[str, int]] = set()
-    for sample in samples:
-        if sample.key in seen:
+    try:
+        for sample in samples:
+            if sample.key in seen:
+                yield batch
+                batch, seen = [], set()
+            batch.append(sample)
+            seen.add(sample.key)
+    except TraceError:
+        if batch:  # the rows before a bad one are good: hand them out first
             yield batch
-            batch, seen = [], set()
-        batch.append(sample)
-        seen.add(sample.key)
+        raise
     if batch:
         yield batch
 
