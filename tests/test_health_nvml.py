@@ -138,3 +138,11 @@ def test_make_source_auto_picks_nvml_when_it_loads(fake):
     source = make_source("", "node-b", visible_devices="3")
     assert isinstance(source, NvmlSource)
     assert [(s.node, s.gpu) for s in source.read()] == [("node-b", 3)]
+
+
+def test_make_source_auto_is_off_when_no_gpu_is_visible(fake, caplog):
+    with caplog.at_level(logging.INFO, logger="elasticft.health"):
+        assert make_source("", "n", visible_devices="") is None
+    assert len(caplog.records) == 1 and "shows no GPU" in caplog.records[0].getMessage()
+    assert not fake.initialised
+    assert make_source("nvml", "n", visible_devices="").read() == []  # asked for: an empty source

@@ -142,12 +142,17 @@ def make_source(
         return None
     if spec in ("", "nvml"):
         try:
-            return NvmlSource(node_id, nvml=nvml, **kwargs)
+            source = NvmlSource(node_id, nvml=nvml, **kwargs)
         except NvmlUnavailable as exc:
             if spec == "nvml":
                 raise ConfigError(f"{flag} nvml: {exc}") from None
             log.info("GPU health sampling is off: %s (%s chooses a source)", exc, flag)
             return None
+        if spec == "" and not source.gpus:  # e.g. CUDA_VISIBLE_DEVICES="" on a GPU host
+            source.close()
+            log.info("GPU health sampling is off: CUDA_VISIBLE_DEVICES shows no GPU (%s chooses a source)", flag)
+            return None
+        return source
     if spec.startswith("replay:"):
         path = spec[len("replay:"):]
         if not path:

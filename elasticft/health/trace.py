@@ -187,8 +187,9 @@ def _columns(header: list[str], path: Path, line: int) -> tuple[str, list[str | 
         unknown = [n for n in names if n not in EFT_COLUMNS]
         if unknown:
             raise TraceError(
-                f"{path}:{line}: unknown column {unknown[0]!r}; expected eft columns "
-                f"({','.join(EFT_COLUMNS)}) or nvidia-smi --format=csv output"
+                f"{path}:{line}: unknown column {unknown[0]!r}; expected a header line of eft "
+                f"columns ({','.join(EFT_COLUMNS)}) or nvidia-smi --format=csv output "
+                "(with its header: not csv,noheader)"
             )
         fields = list(names)
         required = {"timestamp": "timestamp", "gpu": "gpu"}
