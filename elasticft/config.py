@@ -146,3 +146,67 @@ class PlannerConfig:
             raise ConfigError(f"{flag_name('memory_per_gpu_gb')}: expected >= 0, got {self.memory_per_gpu_gb}")
         if self.min_dp < 1:
             raise ConfigError(f"{flag_name('min_dp')}: expected >= 1, got {self.min_dp}")
+
+
+@dataclass
+class HealthConfig:
+    """The GPU health sampler that runs inside every node agent."""
+
+    health_interval: float = knob(10.0, "seconds between two GPU health samples (at least 0.5)")
+    health_source: str = knob(
+        "",
+        "where GPU telemetry comes from: nvml, replay:PATH (a CSV trace), none; "
+        "empty means nvml when NVML loads, else none",
+    )
+
+    def __post_init__(self) -> None:
+        if not self.health_interval >= 0.5:
+            raise ConfigError(
+                f"{flag_name('health_interval')}: expected seconds >= 0.5, got {self.health_interval}"
+            )
+
+
+@dataclass
+class RiskConfig:
+    """The per-GPU risk score (see docs/health.md for what each factor measures)."""
+
+    risk_window: int = knob(60, "samples in each GPU's rolling baseline")
+    risk_threshold: float = knob(
+        0.95, "risk score at or above which a GPU asks for an emergency checkpoint"
+    )
+    risk_temp_limit: float = knob(
+        85.0, "GPU temperature (C) at which the temperature factor reaches 1"
+    )
+    risk_weight_temperature: float = knob(0.25, "weight of the temperature factor")
+    risk_weight_memory: float = knob(0.15, "weight of the memory-headroom factor")
+    risk_weight_errors: float = knob(0.25, "weight of the errors factor (ECC rate, HW slowdown)")
+    risk_weight_power: float = knob(0.10, "weight of the power-fluctuation factor")
+    risk_weight_utilization_drop: float = knob(
+        0.15, "weight of the utilization-drop-while-peers-are-busy factor"
+    )
+    risk_weight_temp_rise: float = knob(0.10, "weight of the temperature-rise-rate factor")
+
+    def __post_init__(self) -> None:
+        if not self.risk_window >= 10:
+            raise ConfigError(f"{flag_name('risk_window')}: expected samples >= 10, got {self.risk_window}")
+        if not 0 < self.risk_threshold <= 1:
+            raise ConfigError(
+                f"{flag_name('risk_threshold')}: expected a number in (0, 1], got {self.risk_threshold}"
+            )
+        weights = self.weights()
+        for name, weight in weights.items():
+            if not weight >= 0:
+                raise ConfigError(
+                    f"{flag_name('risk_weight_' + name)}: expected a weight >= 0, got {weight}"
+                )
+        if sum(weights.values()) <= 0:
+            raise ConfigError("--eft-risk-weight-*: at least one weight must be positive")
+
+    def weights(self) -> dict[str, float]:
+        """Factor name -> weight, in the order the factors are documented."""
+        prefix = "risk_weight_"
+        return {
+            f.name[len(prefix):]: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name.startswith(prefix)
+        }

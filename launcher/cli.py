@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from launcher import plan_cmd
+from launcher import health_cmd, plan_cmd
 
 app = typer.Typer(
     help="eft: tools for elastic, fault-tolerant Megatron training launched with eft-run.",
@@ -24,6 +24,7 @@ def _root() -> None:
 
 
 plan_cmd.register(app)
+health_cmd.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,94 @@
+"""Seconds from kill -9 of one node to the survivors' workers running again.
+
+Three simulated nodes (agents with one worker each, ``--nnodes 2:3``) sit in a gloo
+all_reduce loop. One node that is not rank 0 (torchrun's c10d store lives on rank 0,
+so losing it ends a torchrun job outright) is killed with its workers; we time until
+both survivors' new workers have started with WORLD_SIZE=2.
+
+Rows: torchrun with the c10d defaults users get, torchrun with last_call_timeout=1
+(to separate torch's 30 s last call from its 15 s heartbeat), and eft-run.
+
+  python bench/node_loss.py [--repeats 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+from common import table
+
+from elasticft.store import EmbeddedEtcd, free_port
+from tests.launch import WORKERS, Launched, eft_run, generation, torchrun, wait_for
+
+
+def trial(launcher: list[str], backend: str, endpoint: str, extra: list[str], work: Path) -> tuple[float, float]:
+    starts = work / "starts.jsonl"
+    run_id = uuid.uuid4().hex
+    cmd = [*launcher, "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", backend,
+           "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts", "3", *extra,
+           str(WORKERS / "allreduce_loop.py"), str(work)]
+    nodes = [Launched(cmd, work / f"node{i}.log") for i in range(3)]
+    try:
+        first = wait_for(lambda: generation(starts, 3), 300, "a world of 3")
+        # Neither rank 0 nor the agent hosting c10d's rendezvous store (whichever agent
+        # bound the endpoint's port first): torchrun cannot survive losing those.
+        port = int(endpoint.rsplit(":", 1)[1])
+        agents = {_parent(r["pid"]): r["group_rank"] for r in first}
+        victim = next(n for n in nodes if agents.get(n.proc.pid) != 0 and not _listens_on(n.proc.pid, port))
+        killed = time.time()
+        victim.kill_node()
+        second = wait_for(lambda: generation(starts, 2, after=killed), 300, "survivors at world size 2")
+        (work / "finish").touch()
+        for node in nodes:
+            if node is not victim:
+                node.wait(120)
+        return max(r["started"] for r in second) - killed, max(r["time"] for r in second) - killed
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def _listens_on(pid: int, port: int) -> bool:
+    return any(c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in psutil.Process(pid).net_connections())
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args()
+    rows = []
+    with EmbeddedEtcd() as etcd, tempfile.TemporaryDirectory(prefix="eft-bench-") as tmp:
+        variants = [
+            ("torchrun c10d (defaults)", torchrun(), "c10d", None, []),
+            ("torchrun c10d, last_call_timeout=1", torchrun(), "c10d", None, ["--rdzv-conf", "last_call_timeout=1"]),
+            ("eft-run etcd-v3 (defaults)", eft_run(), "etcd-v3", etcd.endpoint, []),
+        ]
+        results = {}
+        for name, launcher, backend, endpoint, extra in variants:
+            runs = []
+            for r in range(args.repeats):
+                work = Path(tmp) / f"{len(results)}-{r}"
+                work.mkdir()
+                runs.append(trial(launcher, backend, endpoint or f"127.0.0.1:{free_port()}", extra, work))
+            results[name] = min(runs)
+            print(f"{name}: workers started {results[name][0]:.2f} s, joined gloo {results[name][1]:.2f} s", flush=True)
+        baseline = results["torchrun c10d (defaults)"][0]
+        for name, (started, joined) in results.items():
+            rows.append([name, started, joined, baseline / started])
+    print()
+    print("kill -9 of one of 3 nodes -> survivors' workers running at WORLD_SIZE=2 (best of %d)" % args.repeats)
+    print(table(["launcher", "workers started, s", "gloo joined, s", "speed-up vs torchrun"], rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""``eft health replay TRACE.csv``: score a GPU telemetry trace offline.
+
+Prints, per GPU, the highest risk, when it first crossed the threshold, and the
+factor that dominated; ``--json`` prints the same as one JSON object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from elasticft.config import ConfigError, RiskConfig, from_env
+from elasticft.health.risk import RiskModel
+from elasticft.health.summary import GpuSummary, summarize
+from elasticft.health.trace import TraceError, read_trace
+
+health_app = typer.Typer(
+    help="GPU health: score telemetry traces offline.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"eft health replay: error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def _table(summaries: list[GpuSummary], threshold: float) -> str:
+    lines = [f"{'node':<16} {'gpu':>3}  {'max_risk':>8}  {'first_trigger':<32}  dominant"]
+    for s in summaries:
+        data = s.to_dict()
+        dominant = data["dominant_factor"] or "-"
+        if data["critical"]:
+            dominant += f" ({data['critical']})"
+        first = data["first_trigger"] or "-"
+        lines.append(f"{s.node:<16} {s.gpu:>3}  {s.max_risk:>8.3f}  {first:<32}  {dominant}")
+    crossed = sum(1 for s in summaries if s.first_trigger)
+    lines.append(f"{crossed} of {len(summaries)} GPUs crossed the threshold {threshold:g}")
+    return "\n".join(lines)
+
+
+@health_app.command("replay")
+def replay(
+    trace: Path = typer.Argument(..., help="CSV trace: eft's format or nvidia-smi --format=csv output"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a table"),
+    threshold: Optional[float] = typer.Option(
+        None, "--threshold", help="risk threshold (default: --eft-risk-threshold / EFT_RISK_THRESHOLD, 0.95)"
+    ),
+    node: Optional[str] = typer.Option(None, "--node", help="node name for every row (default: the trace's)"),
+) -> None:
+    """Score TRACE as fast as possible and report, per GPU, its highest risk and first trigger."""
+    try:
+        config = from_env(RiskConfig)
+        if threshold is not None:
+            config = dataclasses.replace(config, risk_threshold=threshold)
+    except ConfigError as exc:
+        if threshold is not None and "threshold" in str(exc):
+            raise _fail(f"--threshold: expected a number in (0, 1], got {threshold}") from None
+        raise _fail(str(exc)) from None
+    try:
+        summaries = summarize(read_trace(trace, node), RiskModel(config))
+    except TraceError as exc:
+        raise _fail(str(exc)) from None
+    if as_json:
+        payload = {"threshold": config.risk_threshold, "gpus": [s.to_dict() for s in summaries]}
+        typer.echo(json.dumps(payload, indent=2))
+    else:
+        typer.echo(_table(summaries, config.risk_threshold))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(health_app, name="health")
