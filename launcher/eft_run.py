@@ -14,6 +14,7 @@ variable behaves identically. The launch itself is torchrun's too
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -31,14 +32,23 @@ from torch.distributed.run import get_args_parser, parse_min_max_nnodes
 from torch.distributed.run import run as torchrun_run
 
 from elasticft import torchrun_plugin
-from elasticft.agent import EtcdTarget, FTElasticAgent
-from elasticft.config import ConfigError, FTConfig, add_arguments, from_args
+from elasticft.agent import AgentOptions, EtcdTarget, FTElasticAgent
+from elasticft.config import (
+    ConfigError,
+    FTConfig,
+    HealthConfig,
+    PlannerConfig,
+    RiskConfig,
+    add_arguments,
+    from_args,
+)
+from elasticft.planner import NoLegalLayout
 from elasticft.rendezvous import EtcdRendezvousOptions, RendezvousConfigError, close_watches
 from elasticft.store import EmbeddedEtcd, EtcdNotFound, RunKeys, StoreError
 
 log = logging.getLogger("elasticft")
 
-USER_ERRORS = (ConfigError, RendezvousConfigError, StoreError, EtcdNotFound, RendezvousError)
+USER_ERRORS = (ConfigError, RendezvousConfigError, StoreError, EtcdNotFound, RendezvousError, NoLegalLayout)
 
 
 class UsageError(ValueError):
@@ -53,6 +63,9 @@ def build_parser():
         "fault-tolerant restarts. All torchrun flags work unchanged."
     )
     add_arguments(parser, FTConfig, "eft (each flag also reads an EFT_* variable)")
+    add_arguments(parser, HealthConfig, "eft GPU health sampler")
+    add_arguments(parser, RiskConfig, "eft risk score")
+    add_arguments(parser, PlannerConfig, "eft parallelism planner")
     return parser
 
 
@@ -109,14 +122,14 @@ def _setup_logging(level: str) -> None:
     log.propagate = False
 
 
-def run(args, ft: FTConfig) -> None:
+def run(args, options: AgentOptions) -> None:
     rdzv_conf = _check_torchrun_args(args)
     torchrun_plugin.register()
     embedded = None
     try:
         wants_embedded = args.standalone or (args.rdzv_backend == "etcd-v3" and not args.rdzv_endpoint)
         if wants_embedded:
-            embedded = EmbeddedEtcd(ft.etcd_binary).start()
+            embedded = EmbeddedEtcd(options.ft.etcd_binary).start()
             if args.standalone:
                 args.standalone = False
                 args.rdzv_id = str(uuid.uuid4())
@@ -128,11 +141,11 @@ def run(args, ft: FTConfig) -> None:
         if args.rdzv_backend == "etcd-v3":
             target, conf_ttl = _etcd_target(args, rdzv_conf)
             if conf_ttl is not None:
-                ft.lease_ttl = conf_ttl
+                options.ft.lease_ttl = conf_ttl
             os.environ["EFT_RUN_ID"] = args.rdzv_id
             os.environ["EFT_ENDPOINT"] = args.rdzv_endpoint
 
-        factory = functools.partial(FTElasticAgent, ft_config=ft, etcd=target)
+        factory = functools.partial(FTElasticAgent, options=dataclasses.replace(options, etcd=target))
         with _agent_factory(factory):
             torchrun_run(args)
     finally:
@@ -150,9 +163,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     args = parser.parse_args(argv)
     try:
-        ft = from_args(FTConfig, args)
-        _setup_logging(os.environ.get("EFT_LOG_LEVEL", "INFO"))
-        run(args, ft)
+        options = AgentOptions(
+            ft=from_args(FTConfig, args),
+            health=from_args(HealthConfig, args),
+            risk=from_args(RiskConfig, args),
+            planner=from_args(PlannerConfig, args),
+            etcd=None,
+        )
+        _setup_logging(options.ft.log_level)
+        run(args, options)
     except ChildFailedError:
         raise
     except SignalException as exc:

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 HERE = Path(__file__).resolve().parent
 WORKERS = HERE / "workers"
 
@@ -41,8 +43,24 @@ class Launched:
         )
 
     def kill_node(self) -> None:
-        """kill -9 the agent and its workers, as if the machine died."""
-        os.killpg(self.proc.pid, signal.SIGKILL)
+        """kill -9 the agent and its workers, as if the machine died.
+
+        torch starts each worker in a session of its own, so killing the agent's
+        process group alone would leave the workers running.
+        """
+        try:
+            descendants = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            descendants = []
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for child in descendants:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
         self.proc.wait()
 
     def wait(self, timeout: float) -> int:
@@ -57,11 +75,7 @@ class Launched:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
+            self.kill_node()
         self._log.close()
 
 

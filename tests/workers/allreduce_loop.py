@@ -1,8 +1,9 @@
 """A test worker: joins the gloo group, records who it is, all-reduces until told to stop.
 
-Usage: allreduce_loop.py OUT_DIR
+Usage: allreduce_loop.py OUT_DIR [ARGS...]
   Appends one JSON line per start to OUT_DIR/starts.jsonl (rank, world size, restart
-  count, the all_reduce result, when the process started and when it joined). Stops, on every rank at the same iteration, once
+  count, the all_reduce result, when the process started and when it joined, the
+  ARGS it was given and the EFT_TP/PP/DP it saw). Stops, on every rank at the same iteration, once
   OUT_DIR/finish exists (the flag is all-reduced, so all ranks agree).
 """
 
@@ -31,6 +32,8 @@ record = {
     "restart_count": int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
     "sum": total.item(),
     "started": STARTED,
+    "args": sys.argv[2:],
+    "layout": [os.environ.get(k) for k in ("EFT_TP", "EFT_PP", "EFT_DP")],
     "time": time.time(),
 }
 with open(os.path.join(out, "starts.jsonl"), "a") as f:

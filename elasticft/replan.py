@@ -1,0 +1,99 @@
+"""Re-planning at every rendezvous: a legal TP x PP x DP for the GPUs that are there.
+
+The agent asks ``RoundPlanner`` for a plan once per rendezvous round. Every agent
+shares its GPU count through the round's c10d store, so all of them feed the same
+inputs to the (deterministic) planner and agree without talking further. The plan
+decides which local workers run (spare ranks sit out), their global ranks, the
+rewritten ``--tensor-model-parallel-size``/``--pipeline-model-parallel-size`` and
+``EFT_TP``/``EFT_PP``/``EFT_DP``.
+
+Planning is on when the worker command carries Megatron's model arguments
+(``--num-layers``, ``--num-attention-heads``) or ``--eft-model-config`` is given;
+otherwise the agent assigns ranks exactly as torchrun does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, replace
+
+from .config import PlannerConfig
+from .megatron_args import MegatronFacts, load_model_config, model_facts_from_argv, rewrite_megatron_args
+from .plan_facts import with_limits
+from .planner import NoLegalLayout, Plan, plan, plan_env
+
+log = logging.getLogger(__name__)
+
+_GPUS_KEY = "eft/local_world_size/"
+_MODEL_FLAGS = ("--num-layers", "--num-attention-heads")
+
+
+@dataclass(frozen=True)
+class RankAssignment:
+    """This node's share of a plan: how many local workers run and their first global rank."""
+
+    plan: Plan
+    local_workers: int
+    first_rank: int
+
+
+class RoundPlanner:
+    def __init__(self, facts: MegatronFacts, limits: PlannerConfig, worker_args: tuple):
+        self._facts = facts
+        self._policy = with_limits(facts.policy, limits)
+        self._worker_args = tuple(worker_args)
+        self.previous_tp = facts.tp
+        self.current: Plan | None = None
+
+    @classmethod
+    def for_worker(cls, worker_args: tuple, limits: PlannerConfig) -> "RoundPlanner | None":
+        """A planner if the job describes a Megatron model, else None (torchrun's ranks)."""
+        if limits.model_config:
+            return cls(load_model_config(limits.model_config), limits, worker_args)
+        argv = [str(a) for a in worker_args]
+        if not any(a.split("=", 1)[0] in _MODEL_FLAGS for a in argv):
+            return None
+        return cls(model_facts_from_argv(argv), limits, worker_args)
+
+    def assign(self, store, group_rank: int, group_world_size: int, local_world_size: int) -> RankAssignment:
+        """Share GPU counts through the round's store, plan, and place this node.
+
+        Raises NoLegalLayout when no layout fits (the agent must then exit, not loop).
+        """
+        store.set(f"{_GPUS_KEY}{group_rank}", str(local_world_size))
+        counts = store.multi_get([f"{_GPUS_KEY}{i}" for i in range(group_world_size)])
+        nodes = [int(c) for c in counts]
+        policy = replace(self._policy, preferred_tp=self.previous_tp or None)
+        chosen = plan(self._facts.model, self._facts.batch, nodes, policy)
+        self.previous_tp = chosen.tp
+        self.current = chosen
+        first = sum(chosen.used_per_node[:group_rank])
+        return RankAssignment(chosen, chosen.used_per_node[group_rank], first)
+
+    def worker_args(self) -> tuple:
+        return tuple(rewrite_megatron_args([str(a) for a in self._worker_args], self.current))
+
+    def worker_env(self) -> dict[str, str]:
+        return plan_env(self.current)
+
+    def layout_record(self, round_id: int) -> str:
+        """The value of ``/eft/<run>/layout``."""
+        chosen = self.current
+        return json.dumps(
+            {
+                "world_size": chosen.world,
+                "tp": chosen.tp,
+                "pp": chosen.pp,
+                "dp": chosen.dp,
+                "used": chosen.used,
+                "spare": chosen.spare,
+                "spare_nodes": chosen.spare_nodes,
+                "used_per_node": chosen.used_per_node,
+                "round": round_id,
+                "reason": chosen.reason,
+            }
+        )
+
+
+__all__ = ["NoLegalLayout", "RankAssignment", "RoundPlanner"]
