@@ -8,7 +8,7 @@ import pytest
 from elasticft.config import ConfigError
 from elasticft.health import NvmlSource, NvmlUnavailable, RiskModel, make_source
 from elasticft.health.nvml import visible_gpus
-from fake_pynvml import FakeNvml
+from tests.fake_pynvml import FakeNvml
 
 
 @pytest.fixture

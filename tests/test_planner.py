@@ -25,7 +25,7 @@ from elasticft.megatron_args import load_model_config, model_facts_from_argv, re
 from elasticft.planner import (BatchFacts, ModelFacts, NoLegalLayout, Policy, plan, plan_env,
                                with_limits)
 from launcher.cli import app
-from planner_oracle import brute_force, cases, megatron_accepts, small_clusters
+from tests.planner_oracle import brute_force, cases, megatron_accepts, small_clusters
 
 REPO = Path(__file__).resolve().parents[1]
 
