@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 from dataclasses import dataclass
 
@@ -32,7 +33,8 @@ from torch.distributed.elastic.agent.server.api import (
 )
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-from .config import FTConfig, HealthConfig, PlannerConfig, RiskConfig
+from .ckpt_agent import CheckpointCoordinator
+from .config import CheckpointConfig, FTConfig, HealthConfig, PlannerConfig, RiskConfig
 from .health import EtcdHealthPublisher, HealthSampler, RiskModel, RiskScore, make_source
 from .membership import Membership, NodeLease, NodeRecord, default_node_id
 from .replan import RoundPlanner
@@ -57,6 +59,7 @@ class AgentOptions:
     health: HealthConfig
     risk: RiskConfig
     planner: PlannerConfig
+    ckpt: CheckpointConfig
     etcd: EtcdTarget | None
 
 
@@ -71,20 +74,35 @@ class FTElasticAgent(LocalElasticAgent):
         self._membership: Membership | None = None
         self._sampler: HealthSampler | None = None
         self._planner = RoundPlanner.for_worker(spec.args, options.planner)
+        self._ckpt = CheckpointCoordinator(options.ckpt, self._signal_workers)
         self._rounds = 0
         self.membership_restarts = 0
 
     # -- lifecycle -----------------------------------------------------------------
 
     def run(self, role: str = "default") -> RunResult:
-        self._join_membership()
         clean = False
         try:
+            self._join_membership()
+            # Workers inherit the agent's environment (torch copies os.environ).
+            os.environ.update(self._ckpt.worker_environment(self._client, self._etcd.keys if self._etcd else None))
+            if self._client is not None:
+                self._ckpt.connect(self._client, self._etcd.keys, self._node_lease.record.node_id)
+            self._ckpt.forward_exit_signals()
             result = super().run(role)
             clean = not result.is_failed()
             return result
         finally:
+            self._ckpt.close()
             self._leave_membership(clean)
+
+    def _signal_workers(self, signum: int) -> None:
+        pcontext = self._pcontext
+        for pid in pcontext.pids().values() if pcontext is not None else ():
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
 
     def _join_membership(self) -> None:
         if self._etcd is None:
@@ -118,11 +136,8 @@ class FTElasticAgent(LocalElasticAgent):
         ).start()
 
     def _on_gpu_at_risk(self, score: RiskScore) -> None:
-        """A GPU crossed the risk threshold (the sampler has logged it).
-
-        The emergency-checkpoint protocol hooks in here; until then the record under
-        health/ and the log line are what the operator sees.
-        """
+        """A GPU crossed the risk threshold: ask the whole job to save now."""
+        self._ckpt.request_for_risk(f"{score.node}/gpu{score.gpu}", score.score)
 
     def _leave_membership(self, clean: bool) -> None:
         if self._sampler is not None:
@@ -208,11 +223,28 @@ class FTElasticAgent(LocalElasticAgent):
             finished = False
         return RunResult(state=WorkerState.SUCCEEDED if finished else WorkerState.HEALTHY)
 
+    def _shutdown(self, death_sig=None, timeout: int = 30) -> None:
+        """Stop the workers; after an exit signal, give them the grace period to save.
+
+        torch calls this with the signal's number when the agent is signalled, and
+        with no signal when it stops workers for a restart (torch's timeout then).
+        """
+        if death_sig is None:
+            super()._shutdown(signal.SIGTERM, timeout)
+        else:
+            super()._shutdown(death_sig, self._ckpt.shutdown_timeout(death_sig, timeout))
+
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         if worker_group.workers:
             result = super()._monitor_workers(worker_group)
         else:
             result = self._spare_node_state()
+        if result.state == WorkerState.SUCCEEDED and self._ckpt.restart_after_signal_save:
+            # --eft-ckpt-mode signal: the workers saved and exited because we asked.
+            self._ckpt.restart_after_signal_save = False
+            log.info("workers exited after their signal-driven save; restarting them")
+            self._restart_workers(worker_group)
+            return RunResult(state=WorkerState.HEALTHY)
         membership = self._membership
         if membership is None or result.state == WorkerState.SUCCEEDED:
             return result

@@ -34,6 +34,7 @@ from torch.distributed.run import run as torchrun_run
 from elasticft import torchrun_plugin
 from elasticft.agent import AgentOptions, EtcdTarget, FTElasticAgent
 from elasticft.config import (
+    CheckpointConfig,
     ConfigError,
     FTConfig,
     HealthConfig,
@@ -66,6 +67,7 @@ def build_parser():
     add_arguments(parser, HealthConfig, "eft GPU health sampler")
     add_arguments(parser, RiskConfig, "eft risk score")
     add_arguments(parser, PlannerConfig, "eft parallelism planner")
+    add_arguments(parser, CheckpointConfig, "eft checkpoints, switches and preemption")
     return parser
 
 
@@ -168,8 +170,13 @@ def main(argv: list[str] | None = None) -> None:
             health=from_args(HealthConfig, args),
             risk=from_args(RiskConfig, args),
             planner=from_args(PlannerConfig, args),
+            ckpt=from_args(CheckpointConfig, args),
             etcd=None,
         )
+        if options.ckpt.kill_switch and os.path.exists(options.ckpt.kill_switch):
+            # A queued job (e.g. a SLURM array) burns through at once instead of working.
+            print(f"eft-run: kill switch {options.ckpt.kill_switch} is present; not starting", file=sys.stderr)
+            return
         _setup_logging(options.ft.log_level)
         run(args, options)
     except ChildFailedError:

@@ -35,7 +35,7 @@ class RunKeys:
         return self.root + "ckpt/request"
 
     def ckpt_ack(self, request_id: str) -> str:
-        return f"{self.root}ckpt/ack/{request_id}"
+        return self.ckpt_acks + request_id
 
     @property
     def ckpt_latest(self) -> str:
@@ -48,6 +48,18 @@ class RunKeys:
     @property
     def events(self) -> str:
         return self.root + "events/"
+
+    @property
+    def ckpt_acks(self) -> str:
+        return self.root + "ckpt/ack/"
+
+    @property
+    def started(self) -> str:
+        """When the run started (unix seconds), written once by the first agent."""
+        return self.root + "started"
+
+    def event(self, name: str) -> str:
+        return self.events + name
 
     @property
     def rdzv_state(self) -> str:

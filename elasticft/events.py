@@ -1,0 +1,39 @@
+"""The run's event log: ``/eft/<run>/events/<time_ns>-<suffix>``, JSON, read by ``eft top``.
+
+Keys sort by time, so a prefix read returns the log in order; no counter is shared
+between writers, so writing an event never contends with anyone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+
+from .store import EtcdClient, RunKeys, StoreError
+
+log = logging.getLogger(__name__)
+
+
+class EventLog:
+    def __init__(self, client: EtcdClient, keys: RunKeys, source: str):
+        self._client = client
+        self._keys = keys
+        self._source = source
+
+    def record(self, kind: str, **fields) -> None:
+        """Append one event; a failure is logged, never raised (events are advisory)."""
+        now = time.time()
+        event = {"kind": kind, "time": now, "source": self._source, **fields}
+        name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:6]}"
+        try:
+            self._client.put(self._keys.event(name), json.dumps(event))
+        except StoreError as exc:
+            log.warning("could not record event %s: %s", kind, exc)
+
+    def read(self, limit: int | None = None) -> list[dict]:
+        """The events, oldest first (the newest ``limit`` when given)."""
+        items, _ = self._client.get_prefix(self._keys.events)
+        events = [json.loads(item.value) for item in sorted(items, key=lambda i: i.key)]
+        return events[-limit:] if limit else events

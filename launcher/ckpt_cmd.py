@@ -1,0 +1,97 @@
+"""``eft ckpt save|stop|status``: ask a running job to save, to save and stop, or report.
+
+They talk to the run's etcd like any agent does (``elasticft.checkpoint``); no etcd
+or a malformed option gives one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import NoReturn
+
+import typer
+
+from elasticft.checkpoint import CheckpointProtocol
+from elasticft.store import RunKeys, StoreError, StoreOptions, connect
+
+ckpt_app = typer.Typer(help="Emergency checkpoints of a running job.", no_args_is_help=True)
+
+ENDPOINT = typer.Option(..., "--endpoint", envvar="EFT_ENDPOINT", help="etcd HOST:PORT of the run")
+RUN_ID = typer.Option(..., "--run-id", envvar="EFT_RUN_ID", help="the run's --rdzv-id")
+PREFIX = typer.Option("/eft", "--key-prefix", help="key_prefix given in --rdzv-conf")
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"eft ckpt: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _protocol(endpoint: str, run_id: str, prefix: str) -> CheckpointProtocol:
+    try:
+        client = connect(StoreOptions(endpoint, timeout=5.0))
+    except ValueError as exc:
+        _fail(f"--endpoint: {exc}")
+    except StoreError as exc:
+        _fail(str(exc))
+    return CheckpointProtocol(client, RunKeys(run_id, prefix), source="eft-ckpt")
+
+
+def _request(endpoint: str, run_id: str, prefix: str, exit: bool) -> None:
+    protocol = _protocol(endpoint, run_id, prefix)
+    try:
+        request, created = protocol.request("manual", requester=f"eft ckpt ({_user()})", exit=exit)
+    except StoreError as exc:
+        _fail(str(exc))
+    verb = "requested" if created else "joined the open request"
+    typer.echo(f"{verb} {request.id}: every rank saves{' and exits' if request.exit else ''} at its next iteration")
+
+
+def _user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user name in some containers
+        return "unknown"
+
+
+@ckpt_app.command()
+def save(endpoint: str = ENDPOINT, run_id: str = RUN_ID, key_prefix: str = PREFIX) -> None:
+    """Every rank saves the same iteration, then training goes on."""
+    _request(endpoint, run_id, key_prefix, exit=False)
+
+
+@ckpt_app.command()
+def stop(endpoint: str = ENDPOINT, run_id: str = RUN_ID, key_prefix: str = PREFIX) -> None:
+    """Every rank saves, then the job exits cleanly (the agents do not restart it)."""
+    _request(endpoint, run_id, key_prefix, exit=True)
+
+
+@ckpt_app.command()
+def status(
+    endpoint: str = ENDPOINT,
+    run_id: str = RUN_ID,
+    key_prefix: str = PREFIX,
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """The last request, the acknowledgements and the latest complete checkpoint."""
+    try:
+        report = _protocol(endpoint, run_id, key_prefix).status()
+    except StoreError as exc:
+        _fail(str(exc))
+    if as_json:
+        json.dump(report, sys.stdout)
+        sys.stdout.write("\n")
+        return
+    request = report["request"]
+    typer.echo("request: " + (f"{request['id']} {request['reason']} from {request['requester']}"
+                              f"{' (exit)' if request['exit'] else ''}" if request else "none"))
+    for ack in report["acks"]:
+        typer.echo(f"ack:     {ack['request_id']} iteration {ack['iteration']} in {ack['seconds']:.2f} s at {ack['path']}")
+    latest = report["latest"]
+    typer.echo("latest:  " + (f"iteration {latest['iteration']} at {latest['path']}" if latest else "none"))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(ckpt_app, name="ckpt")
