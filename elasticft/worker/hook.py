@@ -180,9 +180,7 @@ class Hook:
                          self.config.ckpt_gap, request.exit)
         if why is None:
             self._want(vote, request.reason, exit=request.exit)
-            vote[HONOURED] = request_hash(request.id)
-        else:
-            vote[FILTERED] = request_hash(request.id)
+        vote[HONOURED if why is None else FILTERED] = request_hash(request.id)
 
     def _want_switches(self, vote: list[int]) -> None:
         if self.config.kill_switch and os.path.exists(self.config.kill_switch):
