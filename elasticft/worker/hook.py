@@ -44,8 +44,8 @@ class Action:
     """What the loop must do at this iteration; the same ``save`` and ``exit`` on every rank.
 
     ``reason`` names the strongest reason any rank had; ``request_id`` is the id of the
-    request that this rank saw and that caused the save (None on ranks that did not
-    see it, and for saves that no request asked for).
+    request that caused the save on the ranks that read it (rank 0 also when its agent
+    has relayed it by the time of the vote), else None, as for saves no request asked for.
     """
 
     save: bool = False
@@ -204,6 +204,8 @@ class Hook:
 
     def _settle(self, iteration: int, request: Request | None, mine: list[int], agreed: list[int]) -> Action:
         """Record what the job decided about each request in the vote; the Action."""
+        if not agreed[SAVE] and not agreed[FILTERED]:
+            return NO_ACTION  # the common case: nothing anywhere
         my_request = mine[HONOURED] or mine[FILTERED]
         if agreed[SAVE]:
             # A save covers every request in the vote, also one a rank would have dropped.
@@ -214,16 +216,25 @@ class Hook:
             if request is not None and self._leader:
                 self._report_filtered(request, iteration, self.last_saved_iteration)
             return NO_ACTION
+        request_id = request.id if request is not None and mine[HONOURED] else None
+        if request_id is None and agreed[HONOURED] and self._leader:
+            request_id = self._relayed_id(agreed[HONOURED])
         action = Action(
             save=True,
             exit=bool(agreed[EXIT]),
             reason=REASONS[agreed[REASON]] if agreed[REASON] < len(REASONS) else "request",
-            request_id=request.id if request is not None and mine[HONOURED] else None,
+            request_id=request_id,
         )
         if self._leader:
             log.warning("iteration %d: %s (%s)", iteration, "save and exit" if action.exit else "save",
                         action.reason + (f", request {action.request_id}" if action.request_id else ""))
         return action
+
+    def _relayed_id(self, key: int) -> str | None:
+        """The id of the request another rank saved for, if rank 0's agent has relayed it
+        since this step's poll; it makes the ack name its request (one read, per save)."""
+        current = self._requests.read()
+        return current.id if current is not None and request_hash(current.id) == key else None
 
     def _report_filtered(self, request: Request, iteration: int, last_saved: int | None) -> None:
         why = gap_filter(request.reason, iteration, last_saved, self.save_interval, self.config.ckpt_gap)

@@ -38,7 +38,7 @@ class Request:
 
     @classmethod
     def from_json(cls, record: Any) -> "Request":
-        """Raises ValueError naming what is wrong with a malformed record."""
+        """Raises ValueError (TypeError for a number of the wrong type) on a malformed record."""
         if not isinstance(record, dict):
             raise ValueError(f"expected a JSON object, got {type(record).__name__}")
         if not isinstance(record.get("id"), str) or not record["id"]:
@@ -84,8 +84,15 @@ class RequestFile:
         except FileNotFoundError:  # replaced again between stat and read: the next poll sees it
             self._version = None
             return None
-        except ValueError as err:  # json.JSONDecodeError is a ValueError too
+        except (ValueError, TypeError) as err:  # json.JSONDecodeError is a ValueError too
             log.warning("ignoring %s: %s", self.path, err)
+            return None
+
+    def read(self) -> Request | None:
+        """The request in the file now, without taking it from ``poll`` (None if none)."""
+        try:
+            return Request.from_json(json.loads(self.path.read_text()))
+        except (OSError, ValueError, TypeError):
             return None
 
 
