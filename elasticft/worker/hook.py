@@ -31,9 +31,9 @@ from .signals import ExitSignals
 
 log = logging.getLogger(__name__)
 
-# Why a save happens. The index is the code in the vote and the MAX keeps the last in
-# this order, so a reason to exit wins over a reason to save only. "request" stands for
-# a reason this version does not know.
+# Why a save happens. The index is the code in the vote and the MAX keeps the later in
+# this order: weakest first, the reasons that always end the job last. "request" stands
+# for a request reason this version does not know.
 REASONS = ("request", "risk", "watchdog", "manual", "save_switch", "signal", "exit_duration", "kill_switch")
 CODE = {reason: code for code, reason in enumerate(REASONS)}
 SAVE, EXIT, REASON, HONOURED, FILTERED = range(5)  # slots of the vote
