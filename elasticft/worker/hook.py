@@ -1,0 +1,275 @@
+"""The per-iteration hook: every rank learns, at the same iteration, whether to save and exit.
+
+A distributed checkpoint is only valid if every rank saves the same iteration, but the
+reasons to save arrive at one rank at a time: the agent of one node relays a request a
+few milliseconds before another's, a preemption signal reaches one process, only rank 0
+watches the switch files. So each rank turns what it saw into a few integers and one
+``all_reduce(MAX)`` per iteration makes them the job's decision.
+
+Requests are identified in the vote by a 63-bit hash of their id, so that a rank that
+sees a request only after the job already saved (or dropped) it does not act on it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from elasticft.config import CheckpointConfig, convert, from_env
+
+from .gap import gap_filter
+from .relay import Outbox, Request, RequestFile
+from .signals import ExitSignals
+
+log = logging.getLogger(__name__)
+
+# Why a save happens. The index is the code in the vote and the MAX keeps the later in
+# this order: weakest first, the reasons that always end the job last. "request" stands
+# for a request reason this version does not know.
+REASONS = ("request", "risk", "watchdog", "manual", "save_switch", "signal", "exit_duration", "kill_switch")
+CODE = {reason: code for code, reason in enumerate(REASONS)}
+SAVE, EXIT, REASON, HONOURED, FILTERED = range(5)  # slots of the vote
+
+
+@dataclass(frozen=True)
+class Action:
+    """What the loop must do at this iteration; the same ``save`` and ``exit`` on every rank.
+
+    ``reason`` names the strongest reason any rank had; ``request_id`` is the id of the
+    request that caused the save on the ranks that read it (rank 0 also when its agent
+    has relayed it by the time of the vote), else None, as for saves no request asked for.
+    """
+
+    save: bool = False
+    exit: bool = False
+    reason: str | None = None
+    request_id: str | None = None
+
+
+NO_ACTION = Action()
+
+
+def save_interval_from_argv(argv: Sequence[str]) -> int | None:
+    """The value of Megatron's ``--save-interval`` (last one wins, as in argparse), or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        name, eq, inline = arg.partition("=")
+        if name != "--save-interval":
+            continue
+        raw = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        try:
+            value = int(raw)
+        except ValueError:
+            value = None  # the training script's own parser reports it
+    return value
+
+
+def request_hash(request_id: str) -> int:
+    """A positive int64 that names a request in the vote (0 means "none")."""
+    digest = hashlib.blake2b(request_id.encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") >> 1) or 1
+
+
+def vote_device(group) -> torch.device:
+    """Where the vote's tensor must live for the group's backend.
+
+    A CPU tensor when the group has gloo (also "cpu:gloo,cuda:nccl"): no GPU sync.
+    """
+    backend = str(dist.get_backend(group))
+    if "gloo" in backend or backend == "mpi":
+        return torch.device("cpu")
+    if "nccl" in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    accelerator = torch.accelerator.current_accelerator()
+    return accelerator if accelerator is not None else torch.device("cpu")
+
+
+class Hook:
+    """Call ``step(iteration)`` on every rank every iteration, ``saved(...)`` after each save.
+
+    Inert (no action ever, no signal handlers) when ``EFT_RUN_DIR`` is unset, which is
+    how it runs under plain torchrun. Raises ``SystemExit(0)`` if the kill switch
+    exists when it is created.
+    """
+
+    def __init__(
+        self,
+        save_interval: int | None = None,
+        last_saved_iteration: int | None = None,
+        group=None,
+    ):
+        self.save_interval = save_interval if save_interval is not None else save_interval_from_argv(sys.argv)
+        self.last_saved_iteration = last_saved_iteration
+        self.run_dir = os.environ.get("EFT_RUN_DIR", "")
+        self._latest = NO_ACTION
+        if self.inert:
+            return
+        self.config = from_env(CheckpointConfig)
+        if self.config.kill_switch and os.path.exists(self.config.kill_switch):
+            log.warning("kill switch %s exists: exiting before training starts", self.config.kill_switch)
+            raise SystemExit(0)
+        self._group = group
+        self._device = vote_device(group)
+        self._leader = dist.get_rank(group) == 0
+        self._requests = RequestFile(self.run_dir)
+        self._outbox = Outbox(self.run_dir) if self._leader else None
+        self._signals = ExitSignals(self.config.signals())
+        self._deadline = self._exit_deadline()
+        self._seen: set[int] = set()  # requests this rank has read
+        self._covered: set[int] = set()  # requests a save of the job covered
+        self._filtered: dict[int, tuple[int, int | None]] = {}  # dropped: (iteration, last saved)
+        self._remove_save_switch = False
+
+    @property
+    def inert(self) -> bool:
+        return not self.run_dir
+
+    def _exit_deadline(self) -> float | None:
+        minutes = self.config.exit_duration_mins
+        if not minutes:
+            return None
+        raw = os.environ.get("EFT_START_TIME", "")
+        start = convert("start_time", raw, 0.0, "EFT_START_TIME") if raw else time.time()
+        return start + minutes * 60
+
+    # -- every iteration -------------------------------------------------------------
+
+    def step(self, iteration: int) -> Action:
+        """This iteration's decision, agreed by all ranks (a collective: call it on every rank)."""
+        if self.inert:
+            return NO_ACTION
+        vote = [0, 0, 0, 0, 0]
+        request = self._new_request()
+        if request is not None:
+            self._want_request(vote, request, iteration)
+        if self._leader:
+            self._want_switches(vote)
+        if self._signals.received is not None:
+            self._want(vote, "signal", exit=True)
+        if self._deadline is not None and time.time() >= self._deadline:
+            self._want(vote, "exit_duration", exit=True)
+        agreed = self._vote(vote)
+        self._latest = self._settle(iteration, request, vote, agreed)
+        return self._latest
+
+    def _new_request(self) -> Request | None:
+        """A request this rank reads for the first time and the job has not yet dealt with."""
+        request = self._requests.poll()
+        if request is None:
+            return None
+        key = request_hash(request.id)
+        if key in self._seen:
+            return None  # the agent rewrote the same request
+        self._seen.add(key)
+        if key in self._filtered and self._leader:
+            self._report_filtered(request, *self._filtered[key])
+        if key in self._covered or key in self._filtered:
+            return None
+        return request
+
+    def _want_request(self, vote: list[int], request: Request, iteration: int) -> None:
+        why = gap_filter(request.reason, iteration, self.last_saved_iteration, self.save_interval,
+                         self.config.ckpt_gap, request.exit)
+        if why is None:
+            self._want(vote, request.reason, exit=request.exit)
+        vote[HONOURED if why is None else FILTERED] = request_hash(request.id)
+
+    def _want_switches(self, vote: list[int]) -> None:
+        if self.config.kill_switch and os.path.exists(self.config.kill_switch):
+            self._want(vote, "kill_switch", exit=True)
+        # Checked even beside the kill switch: a save switch left behind would make the
+        # next run save at its first step.
+        if self.config.save_switch and os.path.exists(self.config.save_switch):
+            self._want(vote, "save_switch", exit=False)
+            self._remove_save_switch = True
+
+    @staticmethod
+    def _want(vote: list[int], reason: str, exit: bool) -> None:
+        vote[SAVE] = 1
+        vote[EXIT] = max(vote[EXIT], int(exit))
+        vote[REASON] = max(vote[REASON], CODE.get(reason, CODE["request"]))
+
+    def _vote(self, vote: list[int]) -> list[int]:
+        tensor = torch.tensor(vote, dtype=torch.int64, device=self._device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._group)
+        return tensor.tolist()
+
+    def _settle(self, iteration: int, request: Request | None, mine: list[int], agreed: list[int]) -> Action:
+        """Record what the job decided about each request in the vote; the Action."""
+        if not agreed[SAVE] and not agreed[FILTERED]:
+            return NO_ACTION  # the common case: nothing anywhere
+        my_request = mine[HONOURED] or mine[FILTERED]
+        if agreed[SAVE]:
+            # A save covers every request in the vote, also one a rank would have dropped.
+            self._covered.update(k for k in (agreed[HONOURED], agreed[FILTERED], my_request) if k)
+        else:
+            for key in {agreed[FILTERED], my_request} - {0}:
+                self._filtered[key] = (iteration, self.last_saved_iteration)
+            if request is not None and self._leader:
+                self._report_filtered(request, iteration, self.last_saved_iteration)
+            return NO_ACTION
+        request_id = request.id if request is not None and mine[HONOURED] else None
+        if request_id is None and agreed[HONOURED] and self._leader:
+            request_id = self._relayed_id(agreed[HONOURED])
+        action = Action(
+            save=True,
+            exit=bool(agreed[EXIT]),
+            reason=REASONS[agreed[REASON]] if agreed[REASON] < len(REASONS) else "request",
+            request_id=request_id,
+        )
+        if self._leader:
+            log.warning("iteration %d: %s (%s)", iteration, "save and exit" if action.exit else "save",
+                        action.reason + (f", request {action.request_id}" if action.request_id else ""))
+        return action
+
+    def _relayed_id(self, key: int) -> str | None:
+        """The id of the request another rank saved for, if rank 0's agent has relayed it
+        since this step's poll; it makes the ack name its request (one read, per save)."""
+        current = self._requests.read()
+        return current.id if current is not None and request_hash(current.id) == key else None
+
+    def _report_filtered(self, request: Request, iteration: int, last_saved: int | None) -> None:
+        why = gap_filter(request.reason, iteration, last_saved, self.save_interval, self.config.ckpt_gap)
+        log.info("request %s (%s) dropped by the gap rule: %s", request.id, request.reason, why)
+        self._outbox.send({
+            "type": "filtered",
+            "request_id": request.id,
+            "iteration": iteration,
+            "last_saved_iteration": last_saved,
+            "why": why,
+        })
+
+    # -- after a save ----------------------------------------------------------------
+
+    def saved(self, iteration: int, path: str | os.PathLike, seconds: float) -> None:
+        """Call on every rank once the checkpoint of ``iteration`` is complete on storage.
+
+        Rank 0 tells its agent (the ack) and removes the save switch if it caused the save.
+        """
+        if self.inert:
+            return
+        self.last_saved_iteration = iteration
+        if not self._leader:
+            return
+        self._outbox.send({
+            "type": "ack",
+            "request_id": self._latest.request_id,
+            "iteration": iteration,
+            "path": os.fspath(path),
+            "seconds": float(seconds),
+            "exit": self._latest.exit,
+        })
+        if self._remove_save_switch:
+            self._remove_save_switch = False
+            try:
+                os.unlink(self.config.save_switch)
+            except FileNotFoundError:
+                pass
