@@ -75,6 +75,9 @@ class FTElasticAgent(LocalElasticAgent):
         self._sampler: HealthSampler | None = None
         self._planner = RoundPlanner.for_worker(spec.args, options.planner)
         self._ckpt = CheckpointCoordinator(options.ckpt, self._signal_workers)
+        # How workers are stopped for a restart: torch's SIGTERM, except after a lost
+        # node, when SIGTERM would only ask workers stuck in a dead collective to save.
+        self._restart_signal = signal.SIGTERM
         self._rounds = 0
         self.membership_restarts = 0
 
@@ -206,6 +209,7 @@ class FTElasticAgent(LocalElasticAgent):
         ]
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict:
+        self._ckpt.before_workers_start()
         if self._planner is not None:
             worker_group.spec.args = self._planner.worker_args()
             os.environ.update(self._planner.worker_env())
@@ -230,7 +234,7 @@ class FTElasticAgent(LocalElasticAgent):
         with no signal when it stops workers for a restart (torch's timeout then).
         """
         if death_sig is None:
-            super()._shutdown(signal.SIGTERM, timeout)
+            super()._shutdown(self._restart_signal, timeout)
         else:
             super()._shutdown(death_sig, self._ckpt.shutdown_timeout(death_sig, timeout))
 
@@ -260,5 +264,9 @@ class FTElasticAgent(LocalElasticAgent):
             "(a membership change, not charged to --max-restarts)",
             ", ".join(f"{r.node_id} ({r.host})" for r in lost) or "?",
         )
-        self._restart_workers(worker_group)
+        self._restart_signal = signal.SIGKILL
+        try:
+            self._restart_workers(worker_group)
+        finally:
+            self._restart_signal = signal.SIGTERM
         return RunResult(state=WorkerState.HEALTHY)

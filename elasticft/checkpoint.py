@@ -1,14 +1,16 @@
 """Emergency-checkpoint protocol: one request key, a gap rule, acknowledgements.
 
 Any agent (or ``eft ckpt``) asks the whole job to save by writing
-``/eft/<run>/ckpt/request`` with a compare-and-swap. While a request is open (not yet
-acknowledged and younger than the request timeout) later requests join it instead
-of starting another save, so many agents seeing the same trouble produce one
-checkpoint. A save-and-exit request is never swallowed by an open plain save.
+``/eft/<run>/ckpt/request`` with a compare-and-swap. While a request is open (neither
+acknowledged nor skipped by the gap rule, and younger than the request timeout) later
+requests join it instead of starting another save, so many agents seeing the same
+trouble produce one checkpoint. Two kinds never join: a save-and-exit request does
+not join a plain save, and a request that must save (manual, signal, watchdog) does
+not join a risk request, which the gap rule may still skip.
 
 Rank 0's agent acknowledges with ``ckpt/ack/<id>`` and moves ``ckpt/latest`` only
 after the checkpoint is complete on storage. The gap rule, which decides whether a
-risk-driven request is worth a save, is a pure function used by the workers.
+risk-driven request is worth a save, is the pure ``gap_filter`` the workers apply.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from dataclasses import asdict, dataclass, field
 
 from .events import EventLog
 from .store import EtcdClient, RunKeys
+from .worker.gap import gap_filter  # the gap rule lives with the workers that apply it
+
+__all__ = ["REASONS", "CheckpointProtocol", "CheckpointRequest", "gap_filter"]
 
 REASONS = ("risk", "manual", "signal", "watchdog")
 
@@ -44,30 +49,6 @@ class CheckpointRequest:
         return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
 
 
-def gap_allows(
-    reason: str,
-    iteration: int,
-    last_saved_iteration: int | None,
-    save_interval: int | None,
-    gap_fraction: float,
-) -> tuple[bool, str]:
-    """Whether a request is worth a save now, and why (pure).
-
-    A risk-driven save right after a periodic one buys nothing; it runs only when at
-    least ``gap_fraction * save_interval`` iterations have passed since the last
-    save. Manual, preemption and watchdog requests always run: someone asked.
-    """
-    if reason != "risk":
-        return True, f"{reason} requests always save"
-    if last_saved_iteration is None or not save_interval:
-        return True, "no previous save to compare with"
-    since = iteration - last_saved_iteration
-    needed = gap_fraction * save_interval
-    if since >= needed:
-        return True, f"{since} iterations since the last save (gap {needed:g})"
-    return False, f"only {since} iterations since the save at {last_saved_iteration} (gap {needed:g})"
-
-
 class CheckpointProtocol:
     """The etcd side: request, acknowledge, report. One per agent or CLI call."""
 
@@ -84,7 +65,16 @@ class CheckpointProtocol:
     def is_open(self, request: CheckpointRequest) -> bool:
         if time.time() - request.time > self._timeout:
             return False
-        return self._client.get(self._keys.ckpt_ack(request.id)) is None
+        for key in (self._keys.ckpt_ack(request.id), self._keys.ckpt_filtered(request.id)):
+            if self._client.get(key) is not None:
+                return False
+        return True
+
+    @staticmethod
+    def _joins(pending: CheckpointRequest, reason: str, exit: bool) -> bool:
+        if exit and not pending.exit:
+            return False
+        return not (pending.reason == "risk" and reason != "risk")
 
     def request(
         self, reason: str, requester: str, *, exit: bool = False, risk: float | None = None
@@ -96,7 +86,7 @@ class CheckpointProtocol:
             found = self._client.get(self._keys.ckpt_request)
             if found is not None:
                 pending = CheckpointRequest.from_json(found.value)
-                if self.is_open(pending) and (pending.exit or not exit):
+                if self._joins(pending, reason, exit) and self.is_open(pending):
                     self.events.record("ckpt_request_joined", request_id=pending.id, reason=reason, requester=requester)
                     return pending, False
             new = CheckpointRequest(uuid.uuid4().hex[:12], reason, requester, exit, risk)
@@ -120,6 +110,8 @@ class CheckpointProtocol:
         self.events.record("ckpt_saved", **record)
 
     def filtered(self, request_id: str, iteration: int, last_saved_iteration: int | None, why: str) -> None:
+        """The workers skipped a risk request: close it, and say why in the event log."""
+        self._client.put(self._keys.ckpt_filtered(request_id), json.dumps({"iteration": iteration, "why": why}))
         self.events.record(
             "ckpt_filtered", request_id=request_id, iteration=iteration,
             last_saved_iteration=last_saved_iteration, why=why,

@@ -70,6 +70,10 @@ class CheckpointCoordinator:
         self.protocol = CheckpointProtocol(client, keys, node_id, self.config.ckpt_request_timeout)
         self._relay = CheckpointRelay(client, keys, self.protocol, self.run_dir, self._on_request).start()
 
+    def before_workers_start(self) -> None:
+        if self._relay is not None:
+            self._relay.forget_answered_request()
+
     def _on_request(self, request: CheckpointRequest) -> None:
         if self.config.ckpt_mode == "signal":
             self.restart_after_signal_save = not request.exit

@@ -77,6 +77,15 @@ class CheckpointRelay:
         if self._on_request is not None:
             self._on_request(request)
 
+    def forget_answered_request(self) -> None:
+        """Before workers (re)start: remove a request they already saved for.
+
+        New workers cannot tell an old request.json from a new one; an answered one
+        would make them save again at their first iteration.
+        """
+        if self.pending is not None and not self._protocol.is_open(self.pending):
+            (self.run_dir / "request.json").unlink(missing_ok=True)
+
     def _forward_outbox(self) -> None:
         while not self._stop.wait(OUTBOX_POLL_SECONDS):
             self.drain()

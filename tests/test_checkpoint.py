@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from elasticft.checkpoint import CheckpointProtocol, gap_allows
+from elasticft.checkpoint import CheckpointProtocol, gap_filter
 from elasticft.events import EventLog
 from elasticft.relay import CheckpointRelay
 from elasticft.store import RunKeys
@@ -25,8 +25,10 @@ from elasticft.store import RunKeys
     ],
 )
 def test_gap_rule(reason, iteration, last, interval, allowed):
-    ok, why = gap_allows(reason, iteration, last, interval, 0.25)
-    assert ok is allowed and why
+    why = gap_filter(reason, iteration, last, interval, 0.25)
+    assert (why is None) is allowed
+    if not allowed:
+        assert str(last) in why and "gap" in why
 
 
 def protocol(etcd, source="agent"):
@@ -62,6 +64,17 @@ def test_acknowledged_request_is_closed_and_latest_moves(etcd):
     assert report["latest"]["iteration"] == 40
     assert [a["request_id"] for a in report["acks"]] == [first.id]
     assert report["request"]["id"] == second.id
+
+
+def test_manual_request_does_not_join_a_risk_request_and_a_skipped_one_is_closed(etcd):
+    p = protocol(etcd)
+    risk, _ = p.request("risk", "node0/gpu3", risk=1.0)
+    manual, created = p.request("manual", "operator")
+    assert created and manual.id != risk.id  # the gap rule could still skip the risk one
+    p.filtered(risk.id, 10, 8, "inside the gap")
+    assert not p.is_open(risk)
+    again, created = p.request("risk", "node1/gpu0", risk=1.0)
+    assert not created and again.id == manual.id  # joins the open manual save
 
 
 def test_stop_is_not_swallowed_by_an_open_save(etcd):

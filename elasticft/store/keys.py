@@ -37,6 +37,10 @@ class RunKeys:
     def ckpt_ack(self, request_id: str) -> str:
         return self.ckpt_acks + request_id
 
+    def ckpt_filtered(self, request_id: str) -> str:
+        """Marks a risk request the workers skipped (gap rule): it is closed, not saved."""
+        return f"{self.root}ckpt/filtered/{request_id}"
+
     @property
     def ckpt_latest(self) -> str:
         return self.root + "ckpt/latest"

@@ -1,0 +1,72 @@
+"""A toy training loop wired to eft's worker hook, with Megatron-style checkpoints.
+
+Usage: toy_train.py OUT --ckpt DIR --iters N [--save-interval K] [--iter-time S]
+                    [--save-delay S] [--megatron args are ignored]
+Every rank appends JSON lines to OUT/events.jsonl: resume (the iteration it starts
+from), save (iteration, reason), exit. Rank 0 writes OUT/run.json with EFT_ENDPOINT
+and EFT_RUN_ID so a test can talk to the run. The model state is one number per rank,
+the count of iterations trained, so a resume shows exactly what was lost.
+"""
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from elasticft.worker import CheckpointDir, Hook
+
+parser = argparse.ArgumentParser()
+parser.add_argument("out")
+parser.add_argument("--ckpt", required=True)
+parser.add_argument("--iters", type=int, required=True)
+parser.add_argument("--save-interval", type=int, default=0)
+parser.add_argument("--iter-time", type=float, default=0.05)
+parser.add_argument("--save-delay", type=float, default=0.0, help="rank 0 stalls this long mid-save")
+args, _ = parser.parse_known_args()
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+
+
+def record(event: str, **fields) -> None:
+    with open(os.path.join(args.out, "events.jsonl"), "a") as f:
+        f.write(json.dumps({"rank": rank, "world_size": world, "event": event, "time": time.time(), **fields}) + "\n")
+
+
+if rank == 0:
+    with open(os.path.join(args.out, "run.json"), "w") as f:
+        json.dump({"endpoint": os.environ.get("EFT_ENDPOINT"), "run_id": os.environ.get("EFT_RUN_ID")}, f)
+
+checkpoints = CheckpointDir(args.ckpt, keep=2)
+resumed, state = checkpoints.load_latest(lambda path, it: torch.load(os.path.join(path, f"rank{rank}.pt")))
+iteration = resumed or 0
+trained = state["trained"] if state else torch.zeros(1)
+hook = Hook(save_interval=args.save_interval or None, last_saved_iteration=resumed)
+record("resume", iteration=iteration, pid=os.getpid())
+
+while iteration < args.iters:
+    time.sleep(args.iter_time)
+    trained += 1
+    dist.all_reduce(torch.zeros(1))  # a collective per step, like real training
+    iteration += 1
+    action = hook.step(iteration)
+    periodic = args.save_interval and iteration % args.save_interval == 0
+    if action.save or periodic:
+        started = time.time()
+        path = checkpoints.path_for(iteration)
+        torch.save({"trained": trained, "iteration": iteration}, os.path.join(path, f"rank{rank}.pt"))
+        if rank == 0 and args.save_delay:
+            time.sleep(args.save_delay)  # a slow file system: the window a crash can hit
+        dist.barrier()
+        if rank == 0:
+            checkpoints.commit(iteration)
+        hook.saved(iteration, str(path), time.time() - started)
+        record("save", iteration=iteration, reason=action.reason or "periodic", request_id=action.request_id)
+    if action.exit:
+        record("exit", iteration=iteration)
+        break
+
+dist.destroy_process_group()
