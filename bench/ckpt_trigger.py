@@ -1,12 +1,17 @@
-"""What emergency checkpoints cost a training loop: hook.step() per iteration, nothing pending.
+"""Emergency checkpoints: how fast a request reaches every rank, and what the hook costs.
 
-Forks N ranks in a real gloo group on this machine. Every rank calls ``hook.step(i)``
+1. Latency: 8 ranks of a toy loop (tests/workers/toy_train.py, 20 ms iterations) under
+   ``eft-run --standalone``; a request is put into etcd (as ``eft ckpt save`` does) and
+   we time until every rank's ``hook.step()`` has returned ``save``. Baselines measured
+   in the same run: a flag file polled every 30 s (the interval of the usual Megatron
+   patch) and every 1 s, created at a random moment of the polling period.
+2. Cost per iteration with nothing pending: forks N ranks in a real gloo group on this machine. Every rank calls ``hook.step(i)``
 with a run directory, a save switch and a kill switch configured but absent, and an
 exit duration set (so every check runs), interleaved in blocks with a bare
 ``all_reduce`` of the same 5 int64s, the floor any agreement costs. Per-call times are
 rank 0's (it also checks the switches); the 1-rank row shows the local checks alone.
 
-    PYTHONPATH=. python bench/ckpt_trigger.py [--ranks 8] [--iterations 500]
+    python bench/ckpt_trigger.py [--ranks 8] [--iterations 500] [--trials 3]
 """
 
 from __future__ import annotations
@@ -98,11 +103,84 @@ def stat_cost(calls: int = 20000) -> float:
         return (time.perf_counter_ns() - start) / calls / 1000
 
 
+def request_latency(ranks: int = 8, trials: int = 3) -> list[float]:
+    """Seconds from the etcd put of a request to the last rank's hook saying save."""
+    import random
+
+    from elasticft.checkpoint import CheckpointProtocol
+    from elasticft.store import RunKeys, StoreOptions, connect
+    from tests.launch import WORKERS, Launched, eft_run, read_jsonl, wait_for
+
+    latencies = []
+    with tempfile.TemporaryDirectory(prefix="eft-bench-") as tmp:
+        out = Path(tmp) / "out"
+        out.mkdir()
+        job = Launched([*eft_run(), "--standalone", "--nproc-per-node", str(ranks), str(WORKERS / "toy_train.py"),
+                        str(out), "--ckpt", str(Path(tmp) / "ckpt"), "--iters", "1000000", "--iter-time", "0.02"],
+                       Path(tmp) / "eft-run.log")
+        try:
+            events = out / "events.jsonl"
+            wait_for(lambda: len([e for e in read_jsonl(events) if e["event"] == "resume"]) == ranks, 300, "the ranks")
+            run = json.loads((out / "run.json").read_text())
+            protocol = CheckpointProtocol(connect(StoreOptions(run["endpoint"])), RunKeys(run["run_id"]), "bench")
+            for _ in range(trials):
+                time.sleep(random.uniform(0.2, 1.0))  # a random phase against the iterations
+                put = time.time()
+                request, _ = protocol.request("manual", "bench")
+                saves = wait_for(lambda: (lambda s: s if len(s) == ranks else None)(
+                    [e for e in read_jsonl(events) if e["event"] == "save" and e["request_id"] == request.id]),
+                    120, "every rank to save")
+                wait_for(lambda: not protocol.is_open(request), 60, "the ack")
+                latencies.append(max(e["decided"] for e in saves) - put)
+        finally:
+            job.stop()
+    return latencies
+
+
+def polled_flag_latency(period: float, trials: int) -> list[float]:
+    """Seconds from creating a flag file to a poller with this period noticing it."""
+    import random
+
+    latencies = []
+    with tempfile.TemporaryDirectory(prefix="eft-bench-") as tmp:
+        flag = Path(tmp) / "save-now"
+        for _ in range(trials):
+            phase = time.monotonic()
+            created_at = phase + random.uniform(0, period)
+            next_poll = phase
+            while True:
+                now = time.monotonic()
+                if now >= created_at and not flag.exists():
+                    flag.touch()
+                    created = time.monotonic()
+                if now >= next_poll:
+                    if flag.exists():
+                        latencies.append(time.monotonic() - created)
+                        flag.unlink()
+                        break
+                    next_poll += period
+                time.sleep(min(0.01, max(0.0, min(next_poll, created_at) - time.monotonic())))
+    return latencies
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=8, help="gloo ranks to fork (default 8)")
     parser.add_argument("--iterations", type=int, default=500, help="timed steps per rank (default 500)")
+    parser.add_argument("--trials", type=int, default=3, help="requests timed for the latency table (default 3)")
     args = parser.parse_args()
+
+    eft = request_latency(args.ranks, args.trials)
+    baselines = {"flag file polled every 30 s": polled_flag_latency(30.0, 2),
+                 "flag file polled every 1 s": polled_flag_latency(1.0, 5)}
+    mean = statistics.fmean(eft)
+    rows = [[f"eft request via etcd ({args.ranks} ranks)", mean, max(eft), 1.0]]
+    for name, values in baselines.items():
+        rows.append([name, statistics.fmean(values), max(values), statistics.fmean(values) / mean])
+    print("seconds from the request to every rank deciding to save")
+    print(table(["trigger", "mean s", "max s", "x slower than eft"], rows))
+    print()
+
     rows = []
     for ranks in sorted({1, args.ranks}):
         # One rank is fast, and its row measures the local checks: take more samples.

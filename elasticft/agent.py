@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from dataclasses import dataclass
 
 from torch.distributed.elastic.agent.server.api import (
@@ -34,6 +35,7 @@ from torch.distributed.elastic.agent.server.api import (
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from .ckpt_agent import CheckpointCoordinator
+from .events import EventLog
 from .config import CheckpointConfig, FTConfig, HealthConfig, PlannerConfig, RiskConfig
 from .health import EtcdHealthPublisher, HealthSampler, RiskModel, RiskScore, make_source
 from .membership import Membership, NodeLease, NodeRecord, default_node_id
@@ -72,6 +74,7 @@ class FTElasticAgent(LocalElasticAgent):
         self._client = None
         self._node_lease: NodeLease | None = None
         self._membership: Membership | None = None
+        self._events: EventLog | None = None
         self._sampler: HealthSampler | None = None
         self._planner = RoundPlanner.for_worker(spec.args, options.planner)
         self._ckpt = CheckpointCoordinator(options.ckpt, self._signal_workers)
@@ -121,6 +124,8 @@ class FTElasticAgent(LocalElasticAgent):
         )
         self._membership = Membership(self._client, self._etcd.keys)
         self._node_lease = NodeLease(self._client, self._etcd.keys, record, self._ft.lease_ttl)
+        self._events = EventLog(self._client, self._etcd.keys, record.node_id)
+        self._events.record("node_joined", host=record.host, gpus=len(record.gpus))
         log.info("node %s joined run %s (lease TTL %g s)", record.node_id, self._etcd.keys.run_id, self._ft.lease_ttl)
         self._start_health_sampler(record.node_id)
 
@@ -192,6 +197,8 @@ class FTElasticAgent(LocalElasticAgent):
         self._rounds += 1
         if group_rank == 0 and self._client is not None:
             self._client.put(self._etcd.keys.layout, self._planner.layout_record(self._rounds))
+            self._events.record("layout", tp=chosen.tp, pp=chosen.pp, dp=chosen.dp, used=chosen.used,
+                                world_size=chosen.world, spare=chosen.spare)
         log.info(
             "layout TP%d x PP%d x DP%d on %d of %d GPUs; this node runs %d worker(s)%s",
             chosen.tp, chosen.pp, chosen.dp, chosen.used, chosen.world, share.local_workers,
@@ -249,24 +256,52 @@ class FTElasticAgent(LocalElasticAgent):
             log.info("workers exited after their signal-driven save; restarting them")
             self._restart_workers(worker_group)
             return RunResult(state=WorkerState.HEALTHY)
-        membership = self._membership
-        if membership is None or result.state == WorkerState.SUCCEEDED:
+        if result.state == WorkerState.SUCCEEDED:
             return result
-        explained = membership.lost.is_set()
-        if not explained and result.state in (WorkerState.UNHEALTHY, WorkerState.FAILED):
-            explained = membership.lost.wait(self._ft.attribution_window)
-        if not explained:
+        lost = self._membership_change(result.state, worker_group)
+        if lost is None:
             return result
-        lost = membership.take_losses()
         self.membership_restarts += 1
-        log.warning(
-            "lost node(s) %s; restarting workers through a new rendezvous "
-            "(a membership change, not charged to --max-restarts)",
-            ", ".join(f"{r.node_id} ({r.host})" for r in lost) or "?",
-        )
-        self._restart_signal = signal.SIGKILL
+        if lost:
+            self._events.record("node_lost", nodes=[r.node_id for r in lost], restarts=self.membership_restarts)
+            log.warning(
+                "lost node(s) %s; restarting workers through a new rendezvous "
+                "(a membership change, not charged to --max-restarts)",
+                ", ".join(f"{r.node_id} ({r.host})" for r in lost),
+            )
+            # Workers with a dead peer cannot save; do not wait for them to try.
+            self._restart_signal = signal.SIGKILL
+        else:
+            log.warning("workers failed while new nodes wait to join; restarting them "
+                        "through a new rendezvous (not charged to --max-restarts)")
         try:
             self._restart_workers(worker_group)
         finally:
             self._restart_signal = signal.SIGTERM
         return RunResult(state=WorkerState.HEALTHY)
+
+    def _membership_change(self, state: WorkerState, worker_group: WorkerGroup) -> list[NodeRecord] | None:
+        """The nodes lost ([] for a scale-up) if a membership change explains ``state``, else None.
+
+        A lost node is reported by its lease. A worker failure waits up to the
+        attribution window for such a report: peers of a dead node fail at once, its
+        lease expires later. A failure while nodes wait to join is the scale-up that
+        another agent already started (it stopped its workers, ours lost their peers).
+        """
+        membership = self._membership
+        if state not in (WorkerState.UNHEALTHY, WorkerState.FAILED):
+            return membership.take_losses() if membership is not None and membership.lost.is_set() else None
+        deadline = time.monotonic() + self._ft.attribution_window
+        while True:
+            if membership is not None and membership.lost.is_set():
+                return membership.take_losses()
+            # torch caches the rendezvous state for a second: ask again until the deadline.
+            if worker_group.spec.rdzv_handler.num_nodes_waiting() > 0:
+                return membership.take_losses() if membership is not None else []
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            if membership is not None:
+                membership.lost.wait(min(0.25, remaining))
+            else:
+                time.sleep(min(0.25, remaining))

@@ -26,7 +26,7 @@ import torch.distributed.launcher.api as launcher_api
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.elastic.rendezvous import RendezvousParameters
-from torch.distributed.elastic.rendezvous.api import RendezvousError
+from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousError
 from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
 from torch.distributed.run import get_args_parser, parse_min_max_nnodes
 from torch.distributed.run import run as torchrun_run
@@ -188,8 +188,15 @@ def main(argv: list[str] | None = None) -> None:
         print("eft-run: interrupted", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
     except (UsageError, *USER_ERRORS) as exc:
-        print(f"eft-run: error: {exc}", file=sys.stderr)
+        # Some of torch's rendezvous errors carry no message: name them at least.
+        print(f"eft-run: error: {str(exc) or _describe(exc)}", file=sys.stderr)
         sys.exit(2)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, RendezvousClosedError):
+        return "the rendezvous was closed: another node's agent failed or the job finished"
+    return type(exc).__name__
 
 
 if __name__ == "__main__":

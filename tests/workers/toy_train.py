@@ -53,6 +53,7 @@ while iteration < args.iters:
     dist.all_reduce(torch.zeros(1))  # a collective per step, like real training
     iteration += 1
     action = hook.step(iteration)
+    decided = time.time()
     periodic = args.save_interval and iteration % args.save_interval == 0
     if action.save or periodic:
         started = time.time()
@@ -64,7 +65,8 @@ while iteration < args.iters:
         if rank == 0:
             checkpoints.commit(iteration)
         hook.saved(iteration, str(path), time.time() - started)
-        record("save", iteration=iteration, reason=action.reason or "periodic", request_id=action.request_id)
+        record("save", iteration=iteration, reason=action.reason or "periodic", request_id=action.request_id,
+               decided=decided)
     if action.exit:
         record("exit", iteration=iteration)
         break
