@@ -39,7 +39,7 @@ from .events import EventLog
 from .config import CheckpointConfig, FTConfig, HealthConfig, PlannerConfig, RiskConfig
 from .health import EtcdHealthPublisher, HealthSampler, RiskModel, RiskScore, make_source
 from .membership import Membership, NodeLease, NodeRecord, default_node_id
-from .replan import RoundPlanner
+from .replan import RoundPlanner, layout_record
 from .store import RunKeys, StoreOptions, connect
 
 log = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ class FTElasticAgent(LocalElasticAgent):
         chosen = share.plan
         self._rounds += 1
         if group_rank == 0 and self._client is not None:
-            self._client.put(self._etcd.keys.layout, self._planner.layout_record(self._rounds))
+            self._client.put(self._etcd.keys.layout, layout_record(chosen, self._rounds))
             self._events.record("layout", tp=chosen.tp, pp=chosen.pp, dp=chosen.dp, used=chosen.used,
                                 world_size=chosen.world, spare=chosen.spare)
         log.info(

@@ -77,23 +77,23 @@ class RoundPlanner:
     def worker_env(self) -> dict[str, str]:
         return plan_env(self.current)
 
-    def layout_record(self, round_id: int) -> str:
-        """The value of ``/eft/<run>/layout``."""
-        chosen = self.current
-        return json.dumps(
-            {
-                "world_size": chosen.world,
-                "tp": chosen.tp,
-                "pp": chosen.pp,
-                "dp": chosen.dp,
-                "used": chosen.used,
-                "spare": chosen.spare,
-                "spare_nodes": chosen.spare_nodes,
-                "used_per_node": chosen.used_per_node,
-                "round": round_id,
-                "reason": chosen.reason,
-            }
-        )
+
+def layout_record(chosen: Plan, round_id: int) -> str:
+    """The value of ``/eft/<run>/layout``: the plan of one rendezvous round."""
+    return json.dumps(
+        {
+            "world_size": chosen.world,
+            "tp": chosen.tp,
+            "pp": chosen.pp,
+            "dp": chosen.dp,
+            "used": chosen.used,
+            "spare": chosen.spare,
+            "spare_nodes": chosen.spare_nodes,
+            "used_per_node": chosen.used_per_node,
+            "round": round_id,
+            "reason": chosen.reason,
+        }
+    )
 
 
-__all__ = ["NoLegalLayout", "RankAssignment", "RoundPlanner"]
+__all__ = ["NoLegalLayout", "RankAssignment", "RoundPlanner", "layout_record"]
