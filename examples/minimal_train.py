@@ -1,18 +1,22 @@
-"""A minimal elastic training loop: DDP on synthetic data, checkpoint and resume.
+"""A minimal elastic training loop wired to eft: DDP on synthetic data, checkpoints, the hook.
 
-Run it under eft-run (or torchrun); kill a node and the survivors resume from the
-last checkpoint with the new world size. It stands in for the Megatron GPT example
-until that lands.
+Run it under eft-run (or torchrun, where the hook is inert). Kill a node and the
+survivors resume from the last complete checkpoint with the new world size; run
+`eft ckpt save` (or touch the --eft-save-switch file) and every rank saves the same
+iteration. It stands in for the Megatron GPT example until that lands.
 
   eft-run --standalone --nproc-per-node 2 examples/minimal_train.py --steps 50
 """
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+
+from elasticft.worker import CheckpointDir, Hook
 
 
 def main() -> None:
@@ -27,13 +31,16 @@ def main() -> None:
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    path = os.path.join(args.save, "latest.pt")
-    step = 0
-    if os.path.exists(path):
-        state = torch.load(path)
+    checkpoints = CheckpointDir(args.save, keep=2)
+
+    def load(path: str, step: int) -> None:
+        state = torch.load(os.path.join(path, "model.pt"))
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        step = state["step"]
+
+    step, _ = checkpoints.load_latest(load)
+    step = step or 0
+    hook = Hook(save_interval=args.save_interval, last_saved_iteration=step)
     if rank == 0:
         print(f"world size {world}, starting at step {step}", flush=True)
 
@@ -46,12 +53,21 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         step += 1
-        if step % args.save_interval == 0 and rank == 0:
-            os.makedirs(args.save, exist_ok=True)
-            state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
-            torch.save(state, path + ".tmp")
-            os.replace(path + ".tmp", path)  # never a half-written "latest"
-            print(f"step {step} loss {loss.item():.4f} (saved)", flush=True)
+        action = hook.step(step)
+        if action.save or step % args.save_interval == 0:
+            started = time.time()
+            path = checkpoints.path_for(step)
+            if rank == 0:  # DDP replicas are identical: one copy is the checkpoint
+                torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
+                           os.path.join(path, "model.pt"))
+            dist.barrier()
+            if rank == 0:
+                checkpoints.commit(step)
+                print(f"step {step} loss {loss.item():.4f} (saved{', ' + action.reason if action.reason else ''})",
+                      flush=True)
+            hook.saved(step, path, time.time() - started)
+        if action.exit:
+            break
     dist.destroy_process_group()
 
 
