@@ -26,7 +26,6 @@ import pickle
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from torch.distributed.elastic.rendezvous import (
     RendezvousHandler,

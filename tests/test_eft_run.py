@@ -4,14 +4,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from elasticft.store import EmbeddedEtcd, free_port
+from elasticft.store import free_port
 from tests.launch import WORKERS, Launched, eft_run, torchrun, wait_for
 
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE")

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -93,7 +92,7 @@ def test_concurrent_risk_requests_make_one_save_and_the_gap_filters_a_late_one(t
             t.start()
         for t in threads:
             t.join()
-        first = saves_at(tmp_path, 1)  # nothing saved before: the gap rule lets it through
+        saves_at(tmp_path, 1)  # nothing saved before: the gap rule lets it through
         wait_for(lambda: client.get(keys.ckpt_latest), 10, "the ack")
         # A second risk request right after that save is inside the gap (0.25 * 1000).
         late, _ = agents[0].request("risk", "node0/gpu1", risk=1.0)

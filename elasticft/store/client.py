@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
 import grpc
 import pyetcd
