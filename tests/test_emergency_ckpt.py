@@ -131,15 +131,41 @@ def test_kill_switch_saves_and_exits_and_at_start_exits_at_once(tmp_path):
         job.stop()
 
 
-def test_sigterm_to_eft_run_saves_and_exits_within_the_grace(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_preemption_signal_to_eft_run_saves_and_exits_within_the_grace(tmp_path, sig):
     job = start_job(tmp_path, "--eft-shutdown-grace", "60")
     try:
         wait_started(tmp_path)
-        job.proc.send_signal(signal.SIGTERM)
-        job.wait(90)
+        signalled = time.monotonic()
+        job.proc.send_signal(sig)
+        code = job.wait(90)
+        assert time.monotonic() - signalled < 60
         saves = saves_at(tmp_path, 1)
         assert len({s["iteration"] for s in saves}) == 1
         assert len(events(tmp_path, "exit")) == RANKS
+        # SIGUSR1 is a warning the agent forwards: the workers finish and so does the job.
+        # SIGTERM stops the agent itself (torch's behaviour), after the workers saved.
+        assert code == (0 if sig == signal.SIGUSR1 else 128 + signal.SIGTERM), job.output()
+    finally:
+        job.stop()
+
+
+def test_signal_mode_turns_a_request_into_sigterm_and_restarts_the_workers(tmp_path):
+    (tmp_path / "out").mkdir()
+    job = Launched([*eft_run(), "--standalone", "--nproc-per-node", "2", "--eft-ckpt-mode", "signal",
+                    str(WORKERS / "toy_train.py"), str(tmp_path / "out"), "--ckpt", str(tmp_path / "ckpt"),
+                    "--iters", "100000", "--exit-signal-handler"], tmp_path / "eft-run.log")
+    try:
+        wait_for(lambda: len(events(tmp_path, "resume")) >= 2, 120, "2 ranks to start")
+        run = json.loads((tmp_path / "out" / "run.json").read_text())
+        assert eft("ckpt", "save", "--endpoint", run["endpoint"], "--run-id", run["run_id"]).returncode == 0
+        saved = wait_for(lambda: events(tmp_path, "save")[:2] if len(events(tmp_path, "save")) >= 2 else None,
+                         60, "both ranks to save on SIGTERM")
+        assert len({s["iteration"] for s in saved}) == 1
+        resumed = wait_for(lambda: events(tmp_path, "resume")[2:] if len(events(tmp_path, "resume")) >= 4 else None,
+                           120, "the agent to restart the workers")
+        assert {r["iteration"] for r in resumed} == {saved[0]["iteration"]}
+        assert job.proc.poll() is None  # still training
     finally:
         job.stop()
 

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from elasticft.store import RunKeys
-from tests.launch import WORKERS, Launched, eft_run, generation, wait_for
+from tests.launch import WORKERS, Launched, eft_run, generation, read_jsonl, wait_for
 
 MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
          "--global-batch-size", "8", "--micro-batch-size", "1"]
@@ -81,3 +81,20 @@ def test_no_legal_layout_stops_the_agent_with_one_line(tmp_path):
         assert not (tmp_path / "starts.jsonl").exists()
     finally:
         result.stop()
+
+
+@pytest.mark.slow
+def test_spare_ranks_get_no_worker(tmp_path):
+    # 3 GPUs: 4 heads and 4 layers allow TP and PP of 1, 2 or 4, and GBS 8 no DP of 3,
+    # so the best layout uses 2 GPUs and local rank 2 sits out.
+    node = Launched([*eft_run(), "--standalone", "--nproc-per-node", "3",
+                     str(WORKERS / "allreduce_loop.py"), str(tmp_path), *MODEL], tmp_path / "node.log")
+    try:
+        starts = wait_for(lambda: generation(tmp_path / "starts.jsonl", 2), 120, "2 workers in a world of 2")
+        assert sorted(r["local_rank"] for r in starts) == [0, 1]
+        assert "spare ranks [2]" in node.output()
+        (tmp_path / "finish").touch()
+        assert node.wait(60) == 0, node.output()
+        assert len(read_jsonl(tmp_path / "starts.jsonl")) == 2
+    finally:
+        node.stop()

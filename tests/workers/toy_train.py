@@ -25,6 +25,8 @@ parser.add_argument("--iters", type=int, required=True)
 parser.add_argument("--save-interval", type=int, default=0)
 parser.add_argument("--iter-time", type=float, default=0.05)
 parser.add_argument("--save-delay", type=float, default=0.0, help="rank 0 stalls this long mid-save")
+parser.add_argument("--exit-signal-handler", action="store_true",
+                    help="no eft hook: save and exit on SIGTERM, as Megatron-LM's flag of that name does")
 args, _ = parser.parse_known_args()
 
 dist.init_process_group("gloo")
@@ -44,7 +46,28 @@ checkpoints = CheckpointDir(args.ckpt, keep=2)
 resumed, state = checkpoints.load_latest(lambda path, it: torch.load(os.path.join(path, f"rank{rank}.pt")))
 iteration = resumed or 0
 trained = state["trained"] if state else torch.zeros(1)
-hook = Hook(save_interval=args.save_interval or None, last_saved_iteration=resumed)
+if args.exit_signal_handler:
+    import signal
+
+    class MegatronStyle:
+        """What unmodified Megatron-LM does: a SIGTERM flag, agreed across ranks, save, exit."""
+
+        def __init__(self):
+            self.received = False
+            signal.signal(signal.SIGTERM, lambda *_: setattr(self, "received", True))
+
+        def step(self, _iteration):
+            flag = torch.tensor([1.0 if self.received else 0.0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            hit = flag.item() > 0
+            return argparse.Namespace(save=hit, exit=hit, reason="signal" if hit else None, request_id=None)
+
+        def saved(self, *_):
+            pass
+
+    hook = MegatronStyle()
+else:
+    hook = Hook(save_interval=args.save_interval or None, last_saved_iteration=resumed)
 record("resume", iteration=iteration, pid=os.getpid())
 
 while iteration < args.iters:
