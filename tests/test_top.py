@@ -1,0 +1,345 @@
+"""``eft top`` and ``eft status`` against a real etcd, fed by the agents' own writers."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import threading
+import time
+import uuid
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from elasticft.store import RunKeys, free_port
+from elasticft.tui import Dashboard, RunMirror, ViewSettings, build_view, frame, read_state, rows_that_fit
+from launcher.cli import app
+from tests.launch import wait_for
+from tests.run_writer import RunWriter, gpu_sample
+
+ROW = re.compile(r"^│ ([\w-]+)?\s+(\d+)\s+[█░]{8} (\d\.\d\d)")
+SGR = re.compile(r"\x1b\[([0-9;]*)m")
+
+
+@pytest.fixture
+def run(etcd):
+    writer = RunWriter(etcd, RunKeys(f"top-{uuid.uuid4().hex[:8]}"))
+    writer.start()
+    yield writer
+    writer.close()
+
+
+def eft(etcd_server, writer: RunWriter | None, *args: str, run_id: str | None = None):
+    run_id = run_id or writer.keys.run_id
+    where = ["--endpoint", etcd_server.endpoint, "--run-id", run_id]
+    return CliRunner().invoke(app, [*args, *where], env={"COLUMNS": "160"})
+
+
+def gpu_rows(output: str) -> list[tuple[str, int, float]]:
+    """(node, gpu, risk) of every GPU row, in the order drawn; a blank node repeats the one above."""
+    rows, node = [], None
+    for line in output.splitlines():
+        match = ROW.match(line)
+        if match:
+            node = match.group(1) or node
+            rows.append((node, int(match.group(2)), float(match.group(3))))
+    return rows
+
+
+def two_nodes(run: RunWriter, layout: bool = True) -> dict:
+    """node-a (4 quiet GPUs), node-b: gpu3 with a critical Xid, gpu1 at the temperature limit."""
+    run.join("node-a", 4)
+    run.join("node-b", 4)
+    if layout:
+        run.layout([4, 4], "node-a")
+    t = time.time()
+    scores = {}
+    for node in ("node-a", "node-b"):
+        samples = [gpu_sample(node, g, t, temperature=50 + g) for g in range(4)]
+        if node == "node-b":
+            samples[1] = gpu_sample(node, 1, t, temperature=85, only_temperature=True)
+            samples[3] = gpu_sample(node, 3, t, temperature=70, xids=(79,))
+        scores.update({(s.node, s.gpu): round(s.score, 2) for s in run.publish(node, samples)})
+    return scores
+
+
+def styles(console: Console) -> list[list[tuple[str, set[str]]]]:
+    """Each printed line as (character, SGR codes in force), as the terminal gets them."""
+    lines = []
+    for line in console.export_text(styles=True).splitlines():
+        chars, codes, pos = [], set(), 0
+        for match in SGR.finditer(line):
+            chars.extend((c, codes) for c in line[pos:match.start()])
+            codes = set(match.group(1).split(";")) - {"0", ""}
+            pos = match.end()
+        chars.extend((c, codes) for c in line[pos:])
+        lines.append(chars)
+    return lines
+
+
+def codes_at(lines, row_prefix: str, text: str) -> set[str]:
+    """The SGR codes of ``text`` on the GPU row that starts with ``row_prefix``."""
+    for chars in lines:
+        plain = "".join(c for c, _ in chars)
+        if plain.startswith("│ " + row_prefix):
+            return chars[plain.index(text, len(row_prefix) + 2)][1]
+    raise AssertionError(f"no row {row_prefix!r}")
+
+
+def record(view) -> list:
+    console = Console(record=True, force_terminal=True, color_system="standard", width=160, file=io.StringIO())
+    console.print(frame(view, None, 160))
+    return styles(console)
+
+
+def test_once_draws_every_gpu_riskiest_first_with_header_and_factors(etcd_server, run):
+    scores = two_nodes(run)
+    result = eft(etcd_server, run, "top", "--once")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    rows = gpu_rows(out)
+    assert [(n, g) for n, g, _ in rows[:2]] == [("node-b", 3), ("node-b", 1)]
+    assert len(rows) == 8 and {(n, g): r for n, g, r in rows} == scores
+    assert [r for _, _, r in rows] == sorted((r for _, _, r in rows), reverse=True)
+    assert scores[("node-b", 3)] == 1.0 and 0.5 <= scores[("node-b", 1)] < 0.95
+    assert f"eft top · run {run.keys.run_id}" in out
+    assert "TRAINING" in out and "2 nodes up" in out and "restarts 0" in out
+    layout = json.loads(run.client.get(run.keys.layout).value)
+    assert f"world 8: TP{layout['tp']}×PP{layout['pp']}×DP{layout['dp']} on 8 (+0 spare" in out
+    line = next(l for l in out.splitlines() if ROW.match(l) and "node-b" in l and "Xid" in l)
+    assert "errors (Xid 79)" in line and "70°C" in line and "40/80G" in line and "300/400W" in line
+    assert "request  none" in out and "latest   none" in out
+    assert "node-b joined (host-node-b, 4 GPUs)" in out
+
+
+def test_risk_colours_follow_the_threshold(etcd, run):
+    two_nodes(run)
+    state = read_state(etcd, run.keys)
+    lines = record(build_view(state, time.time(), ViewSettings(threshold=0.95)))
+    assert "31" in codes_at(lines, "node-b     3", "1.00")  # red at/above the threshold
+    assert "33" in codes_at(lines, "node-b     1", "0.71")  # yellow between 0.5 and it
+    assert "32" in codes_at(lines, "node-a     0", "0.00")  # green below 0.5
+    assert "31" in codes_at(lines, "node-b     3", "█")  # the bar too
+    lowered = record(build_view(state, time.time(), ViewSettings(threshold=0.7)))
+    assert "31" in codes_at(lowered, "node-b     1", "0.71")
+
+
+def test_stale_rows_are_dimmed_and_marked(etcd_server, etcd, run):
+    two_nodes(run)
+    run.publish("node-a", [gpu_sample("node-a", 2, time.time() - 120)])  # its sampler stopped 2 min ago
+    out = eft(etcd_server, run, "top", "--once").output
+    stale = [l for l in out.splitlines() if ROW.match(l) and l.rstrip(" │").endswith("stale")]
+    assert len(stale) == 1 and "node-a" in stale[0] and "2m0" in stale[0]
+    lines = record(build_view(read_state(etcd, run.keys), time.time(), ViewSettings()))
+    assert "2" in codes_at(lines, "node-a     2", "55°C")
+    assert "2" not in codes_at(lines, "node-a     1", "51°C")
+    shorter = eft(etcd_server, run, "top", "--once", "--stale-after", "600").output
+    assert "stale" not in shorter
+
+
+def test_a_lost_node_shows_as_lost_and_restarting_until_the_next_layout(etcd_server, run):
+    two_nodes(run)
+    run.join("node-c", 4)
+    run.layout([4, 4, 4], "node-a")
+    run.lose("node-c", "node-a", "node-b")
+    out = eft(etcd_server, run, "top", "--once").output
+    assert "RESTARTING" in out and "2 nodes up, 1 lost" in out
+    assert "LOST node-c (host-node-c, 4 GPUs): lease gone, lost 0s ago, reported by node-a" in out
+    assert all(n != "node-c" for n, _, _ in gpu_rows(out))
+    run.layout([4, 4], "node-a")
+    after = eft(etcd_server, run, "top", "--once", "--json")
+    data = json.loads(after.output)
+    assert data["header"]["state"] == "training" and data["header"]["restarts"] >= 1
+    assert [l["node"] for l in data["lost"]] == ["node-c"] and data["lost"][0]["gpus"] == 4
+    assert [e["kind"] for e in data["events"][:3]] == ["layout", "node_lost", "node_lost"]
+
+
+def test_a_watching_viewer_tells_lost_from_left_and_keeps_the_last_risk(etcd, run):
+    mirror = RunMirror(etcd, run.keys).start()
+    try:
+        run.join("node-a", 2)
+        run.join("node-c", 2)
+        run.join("node-d", 1)
+        run.layout([2, 2, 1], "node-a")
+        t = time.time()
+        run.publish("node-c", [gpu_sample("node-c", 0, t), gpu_sample("node-c", 1, t, xids=(79,))])
+        wait_for(lambda: ("node-c", 1) in mirror.snapshot().health, 10, "node-c's health in the mirror")
+        run.leave("node-d")  # a clean exit: not lost
+        run.lose("node-c")  # no survivor wrote node_lost: only the watch can tell
+        state = wait_for(lambda: (s := mirror.snapshot()) and "node-c" in s.lost_seen and "node-d" not in s.nodes
+                         and s, 10, "the watch to see both departures")
+        view = build_view(state, time.time(), ViewSettings())
+        assert [l.node for l in view.lost] == ["node-c"]
+        assert view.lost[0].last_risk == 1.0 and view.lost[0].last_risk_gpu == 1
+        console = Console(record=True, width=160, file=io.StringIO())
+        console.print(frame(view, None, 160))
+        assert "LOST node-c (host-node-c, 2 GPUs): lease gone, lost 0s ago; last risk 1.00 on gpu 1" in console.export_text()
+    finally:
+        mirror.close()
+
+
+def test_temperature_trend_from_the_samples_the_viewer_saw(etcd, run):
+    run.join("node-a", 1)
+    mirror = RunMirror(etcd, run.keys).start()
+    try:
+        t = time.time() - 20
+        for i, temperature in enumerate((60.0, 62.0, 64.0)):
+            run.publish("node-a", [gpu_sample("node-a", 0, t + 10 * i, temperature=temperature)])
+        wait_for(lambda: len(mirror.snapshot().temperatures.get(("node-a", 0), [])) == 3, 10, "three samples")
+        view = build_view(mirror.snapshot(), time.time(), ViewSettings())
+        assert view.gpus[0].trend_c_per_min == pytest.approx(12.0)
+        console = Console(record=True, width=160, file=io.StringIO())
+        console.print(frame(view, None, 160))
+        assert "64°C   ↑12.0/m" in console.export_text()
+    finally:
+        mirror.close()
+
+
+def many_gpus(run: RunWriter) -> dict:
+    t = time.time()
+    scores = {}
+    for n in range(3):
+        node = f"node-{n}"
+        run.join(node, 8)
+        samples = [gpu_sample(node, g, t, temperature=50 + g) for g in range(8)]
+        samples[n + 2] = gpu_sample(node, n + 2, t, temperature=80 + n, only_temperature=True)
+        scores.update({(s.node, s.gpu): round(s.score, 2) for s in run.publish(node, samples)})
+    run.layout([8, 8, 8], "node-0")
+    return scores
+
+
+def test_many_gpus_draw_the_riskiest_and_say_how_many_are_hidden(etcd_server, etcd, run):
+    scores = many_gpus(run)
+    out = eft(etcd_server, run, "top", "--once", "--max-rows", "5").output
+    rows = gpu_rows(out)
+    riskiest = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+    assert [((n, g), r) for n, g, r in rows] == riskiest
+    assert "19 more rows hidden (the lowest risk)" in out
+    grouped = gpu_rows(eft(etcd_server, run, "top", "--once", "--max-rows", "5", "--sort", "node").output)
+    assert sorted(grouped) == sorted(rows) and grouped == sorted(grouped)
+    run.lose("node-1", "node-0")
+    with_lost = eft(etcd_server, run, "top", "--once", "--max-rows", "5").output
+    assert "LOST node-1" in with_lost and len(gpu_rows(with_lost)) == 4
+    assert "12 more rows hidden" in with_lost  # 16 GPUs left, 4 drawn, plus the lost line
+    # A terminal of 30 lines: the frame fills it and no more.
+    view = build_view(read_state(etcd, run.keys), time.time(), ViewSettings())
+    console = Console(record=True, width=120, height=30, file=io.StringIO())
+    limit = rows_that_fit(console, view)
+    console.print(frame(view, limit, 120))
+    text = console.export_text()
+    assert len(text.splitlines()) <= 29 and f"{17 - limit} more rows hidden" in text
+
+
+def test_sort_node_groups_each_node_in_gpu_order(etcd_server, run):
+    two_nodes(run)
+    out = eft(etcd_server, run, "top", "--once", "--sort", "node").output
+    rows = gpu_rows(out)
+    assert [(n, g) for n, g, _ in rows] == [(n, g) for n in ("node-a", "node-b") for g in range(4)]
+    named = [ROW.match(l).group(1) for l in out.splitlines() if ROW.match(l)]
+    assert named == ["node-a", None, None, None, "node-b", None, None, None]
+
+
+def test_checkpoint_panel_and_state_follow_the_protocol(etcd_server, run):
+    two_nodes(run)
+    protocol = run.checkpoints("node-b")
+    request, _ = protocol.request("risk", "node-b/gpu3", risk=1.0)
+    out = eft(etcd_server, run, "top", "--once").output
+    assert "CHECKPOINTING" in out and f"risk save {request.id} asked by node-b/gpu3" in out
+    assert f"request  risk by node-b/gpu3, risk 1.00, 0s ago [{request.id}] — open" in out
+    protocol.acknowledge(request.id, 1200, "/ckpt/iter_0001200", 3.25)
+    out = eft(etcd_server, run, "top", "--once").output
+    assert "TRAINING" in out and f"[{request.id}] — saved" in out
+    assert f"last ack iteration 1200 in 3.2 s, 0s ago [{request.id}]" in out
+    assert "latest   iteration 1200, 0s ago → /ckpt/iter_0001200" in out
+    skipped, _ = protocol.request("risk", "node-a/gpu0", risk=0.96)
+    protocol.filtered(skipped.id, 1210, 1200, "only 10 of 25 iterations since the last save")
+    out = eft(etcd_server, run, "top", "--once").output
+    assert f"[{skipped.id}] — skipped: only 10 of 25 iterations" in out
+    assert "skipped request" in out and "saved iteration 1200 in 3.2 s" in out
+
+
+def test_states_rendezvous_and_stopped(etcd_server, run):
+    two_nodes(run, layout=False)
+    out = eft(etcd_server, run, "top", "--once").output
+    assert "RENDEZVOUS" in out and "no layout published yet" in out
+    run.layout([4, 4], "node-a")
+    run.join("node-e", 2)
+    out = eft(etcd_server, run, "top", "--once").output
+    assert "RENDEZVOUS" in out and "node-e joined; waiting for the next round" in out
+    for node in ("node-a", "node-b", "node-e"):
+        run.leave(node)
+    out = eft(etcd_server, run, "top", "--once").output
+    assert "STOPPED" in out and "0 nodes up" in out and "LOST" not in out
+
+
+def test_json_has_the_frame_data(etcd_server, run):
+    scores = two_nodes(run)
+    result = eft(etcd_server, run, "top", "--once", "--json")
+    data = json.loads(result.output)
+    assert data["exists"] and data["header"]["run_id"] == run.keys.run_id
+    assert data["header"]["state"] == "training" and data["header"]["threshold"] == 0.95
+    assert [(g["node"], g["gpu"]) for g in data["gpus"]][:2] == [("node-b", 3), ("node-b", 1)]
+    assert {(g["node"], g["gpu"]): round(g["risk"], 2) for g in data["gpus"]} == scores
+    top = data["gpus"][0]
+    assert top["level"] == "high" and top["xids"] == [79] and top["critical"] == "Xid 79" and not top["stale"]
+    assert data["gpus"][1]["level"] == "warn" and data["gpus"][-1]["level"] == "ok"
+    assert data["checkpoints"] == {"request": None, "last_ack": None, "latest": None}
+    assert data["events"][0]["kind"] == "layout"
+
+
+def test_status_is_one_plain_screen(etcd_server, run):
+    two_nodes(run)
+    run.join("node-c", 4)
+    run.lose("node-c", "node-a")
+    protocol = run.checkpoints("node-b")
+    request, _ = protocol.request("manual", "eft ckpt (oncall)")
+    protocol.acknowledge(request.id, 800, "/ckpt/iter_0000800", 1.0)
+    result = eft(etcd_server, run, "status")
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert lines[0].startswith(f"run {run.keys.run_id}: restarting (")
+    assert "\x1b[" not in result.output and len(lines) <= 24
+    assert any(l.startswith("LOST node-c (host-node-c, 4 GPUs)") for l in lines)
+    riskiest = lines.index("riskiest GPUs (5 of 8, threshold 0.95):")
+    assert lines[riskiest + 1].startswith("  node-b/3  risk 1.00 high")
+    assert "  ... 3 more (eft top shows them all)" in lines
+    assert "  latest    iteration 800, 0s ago → /ckpt/iter_0000800" in lines
+
+
+def test_no_etcd_is_one_line_and_exit_2(etcd_server):
+    for command in (["top", "--once"], ["top"], ["status"]):
+        result = CliRunner().invoke(app, [*command, "--endpoint", f"127.0.0.1:{free_port()}", "--run-id", "x"])
+        assert result.exit_code == 2
+        assert result.stderr.strip().count("\n") == 0 and "unreachable" in result.stderr
+    bad = CliRunner().invoke(app, ["top", "--once", "--endpoint", "nowhere", "--run-id", "x"])
+    assert bad.exit_code == 2 and bad.stderr.startswith("eft top: --endpoint: expected HOST:PORT")
+
+
+def test_no_such_run_exits_with_once_and_waits_without(etcd_server, etcd):
+    run_id = f"absent-{uuid.uuid4().hex[:8]}"
+    for command in ("top", "status"):
+        result = eft(etcd_server, None, command, *(["--once"] if command == "top" else []), run_id=run_id)
+        assert result.exit_code == 1 and f"no run '{run_id}' under /eft/{run_id}/" in result.stderr
+    # Live: a waiting frame, then the run as soon as it appears (the watch, not a poll).
+    keys = RunKeys(run_id)
+    mirror = RunMirror(etcd, keys).start()
+    views, stop = [], threading.Event()
+    dashboard = Dashboard(mirror, ViewSettings(), views.append, refresh=0.05)
+    thread = threading.Thread(target=dashboard.run, args=(stop,), daemon=True)
+    thread.start()
+    writer = RunWriter(etcd, keys)
+    try:
+        wait_for(lambda: views and not views[-1].exists, 10, "a waiting frame")
+        console = Console(record=True, width=100, file=io.StringIO())
+        console.print(frame(views[-1]))
+        assert f"no run '{run_id}' in etcd yet; waiting for it to appear" in console.export_text()
+        writer.join("node-a", 2)
+        wait_for(lambda: views[-1].exists and views[-1].header.live_nodes == 1, 10, "the run in a frame")
+        assert views[-1].header.state == "rendezvous"
+    finally:
+        stop.set()
+        thread.join(10)
+        mirror.close()
+        writer.close()
