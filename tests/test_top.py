@@ -14,7 +14,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from elasticft.store import RunKeys, free_port
-from elasticft.tui import Dashboard, RunMirror, ViewSettings, build_view, frame, read_state, rows_that_fit
+from elasticft.membership import NodeRecord
+from elasticft.tui import Dashboard, Record, RunMirror, RunState, ViewSettings, build_view, frame, read_state
+from elasticft.tui import rows_that_fit
 from launcher.cli import app
 from tests.launch import wait_for
 from tests.run_writer import RunWriter, gpu_sample
@@ -107,7 +109,7 @@ def test_once_draws_every_gpu_riskiest_first_with_header_and_factors(etcd_server
     assert f"eft top · run {run.keys.run_id}" in out
     assert "TRAINING" in out and "2 nodes up" in out and "restarts 0" in out
     layout = json.loads(run.client.get(run.keys.layout).value)
-    assert f"world 8: TP{layout['tp']}×PP{layout['pp']}×DP{layout['dp']} on 8 (+0 spare" in out
+    assert re.search(rf"world 8: TP{layout['tp']}×PP{layout['pp']}×DP{layout['dp']} on 8 \(\+0 spare, set \ds ago\)", out)
     line = next(l for l in out.splitlines() if ROW.match(l) and "node-b" in l and "Xid" in l)
     assert "errors (Xid 79)" in line and "70°C" in line and "40/80G" in line and "300/400W" in line
     assert "request  none" in out and "latest   none" in out
@@ -258,6 +260,19 @@ def test_checkpoint_panel_and_state_follow_the_protocol(etcd_server, run):
     out = eft(etcd_server, run, "top", "--once").output
     assert f"[{skipped.id}] — skipped: only 10 of 25 iterations" in out
     assert "skipped request" in out and "saved iteration 1200 in 3.2 s" in out
+
+
+def test_layout_age_and_restarts_come_from_the_current_layouts_event():
+    """Pure: the leader writes the layout key, then its event; ages use the event's time."""
+    event = lambda revision, t, **fields: Record({"kind": "layout", "time": t, "source": "n0", **fields}, revision)
+    state = RunState(
+        "pure", nodes={"n0": NodeRecord("n0", "h0", "h0", 1, [0, 1])},
+        layout=Record({"world_size": 2, "tp": 2, "pp": 1, "dp": 1, "used": 2, "spare": [], "round": 2}, 10),
+        events=[event(5, 100.0, tp=1), event(11, 200.0, tp=2)], started=50.0,
+    )
+    view = build_view(state, 260.0)
+    assert view.header.layout_age_s == 60.0 and view.header.uptime_s == 210.0
+    assert view.header.restarts == 1 and view.header.state == "training"
 
 
 def test_states_rendezvous_and_stopped(etcd_server, run):

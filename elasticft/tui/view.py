@@ -83,7 +83,7 @@ class Header:
     dp: int | None
     used: int | None
     spare: list[int]
-    layout_age_s: float | None  # since the newest layout event, the current layout's
+    layout_age_s: float | None  # since the current layout's event
     restarts: int
     uptime_s: float | None
     threshold: float
@@ -263,8 +263,9 @@ def _restarts(events: list[tuple[int, dict]]) -> int:
 def _layout_age(state: RunState, events: list[tuple[int, dict]], now: float) -> float | None:
     if state.layout is None:
         return None
-    published = [e for r, e in events if e["kind"] == "layout" and r <= state.layout.revision]
-    return _age(now, published[-1].get("time")) if published else None
+    # The leader writes the layout key, then its event: the first layout event after the key.
+    published = [e for r, e in events if e["kind"] == "layout" and r > state.layout.revision]
+    return _age(now, published[0].get("time")) if published else None
 
 
 def _state(state: RunState, events, newest_loss, checkpoints) -> tuple[str, str]:
