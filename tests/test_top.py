@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import subprocess
 import threading
 import time
 import uuid
@@ -13,7 +14,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from elasticft.store import RunKeys, free_port
+from elasticft.store import EmbeddedEtcd, RunKeys, StoreOptions, connect, free_port
 from elasticft.membership import NodeRecord
 from elasticft.tui import Dashboard, Record, RunMirror, RunState, ViewSettings, build_view, frame, read_state
 from elasticft.tui import rows_that_fit
@@ -358,3 +359,31 @@ def test_no_such_run_exits_with_once_and_waits_without(etcd_server, etcd):
         thread.join(10)
         mirror.close()
         writer.close()
+
+
+def test_the_live_view_says_when_etcd_is_gone_and_recovers_when_it_is_back():
+    with EmbeddedEtcd() as server:
+        keys = RunKeys("restarted")
+        viewer = connect(StoreOptions(server.endpoint, timeout=2.0))
+        mirror = RunMirror(viewer, keys).start()
+        writer = RunWriter(connect(StoreOptions(server.endpoint)), keys)
+        try:
+            writer.start()
+            wait_for(lambda: mirror.snapshot().exists, 10, "the run in the mirror")
+            argv = server._proc.args
+            server._proc.kill()
+            server._proc.wait()
+            error = wait_for(lambda: mirror.snapshot().watch_error, 10, "the watch to report etcd gone")
+            assert "unreachable" in error or "Unavailable" in error or error
+            console = Console(record=True, width=120, file=io.StringIO())
+            console.print(frame(build_view(mirror.snapshot(), time.time())))
+            assert "etcd watch broken, retrying" in console.export_text()
+            server._proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            assert server._wait_ready()
+            writer.join("node-a", 2)  # written after the restart: only a working watch shows it
+            wait_for(lambda: "node-a" in mirror.snapshot().nodes and mirror.snapshot().watch_error is None,
+                     20, "the mirror to resubscribe")
+        finally:
+            mirror.close()
+            writer.close()
+            viewer.close()

@@ -197,6 +197,9 @@ class RunMirror:
         while not self._closed.is_set():
             try:
                 self.start()
+                with self._lock:
+                    self._watch_error = None
+                self.changed.set()
                 return
             except StoreError as exc:
                 with self._lock:
