@@ -276,6 +276,21 @@ def test_layout_age_and_restarts_come_from_the_current_layouts_event():
     assert view.header.restarts == 1 and view.header.state == "training"
 
 
+def test_records_of_another_shape_are_drawn_not_fatal():
+    """Pure: a newer or older agent may write fields of other types; the frame still draws."""
+    odd = {"score": "high", "timestamp": None, "dominant": 3, "sample": {"temperature_c": "hot", "xids": ["x", 79],
+           "ecc_corrected": 1.5, "memory_used_mib": True}}
+    state = RunState("odd", nodes={"n0": NodeRecord("n0", "h0", "h0", 1, [0])}, health={("n0", 0): odd},
+                     events=[Record({"kind": "node_lost", "nodes": [1, None], "time": "now"}, 3),
+                             Record({"kind": 5}, 4), Record(None, 5)])
+    view = build_view(state, 100.0)
+    assert view.gpus[0].risk == 0.0 and view.gpus[0].stale and view.gpus[0].xids == [79]
+    console = Console(record=True, width=160, file=io.StringIO())
+    console.print(frame(view, None, 160))
+    text = console.export_text()
+    assert "LOST 1" in text and "LOST None" in text and "n0" in text
+
+
 def test_states_rendezvous_and_stopped(etcd_server, run):
     two_nodes(run, layout=False)
     out = eft(etcd_server, run, "top", "--once").output

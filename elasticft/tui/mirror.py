@@ -52,6 +52,7 @@ class RunMirror:
         self._temperatures: dict[tuple[str, int], deque] = {}
         self._xids: dict[tuple[str, int], set[int]] = {}
         self._watch_error: str | None = None
+        self._resubscribing = False
         self._cancel = None
         self._closed = threading.Event()
         self.changed = threading.Event()  # set after every change that affects the view
@@ -189,16 +190,25 @@ class RunMirror:
             return
         with self._lock:
             self._watch_error = str(exc) or type(exc).__name__
+            already, self._resubscribing = self._resubscribing, True
         self.changed.set()
+        if already:  # a broken stream may report more than once
+            return
         log.debug("watch on %s broke (%s); resubscribing", self._keys.root, exc)
         threading.Thread(target=self._resubscribe, name="eft-top-resubscribe", daemon=True).start()
 
     def _resubscribe(self) -> None:
+        try:
+            if self._cancel is not None:
+                self._cancel()
+        except StoreError:
+            pass  # the old stream is gone with the connection
         while not self._closed.is_set():
             try:
                 self.start()
                 with self._lock:
                     self._watch_error = None
+                    self._resubscribing = False
                 self.changed.set()
                 return
             except StoreError as exc:

@@ -119,8 +119,18 @@ def risk_level(risk: float, threshold: float) -> str:
     return "ok" if risk < LOW_RISK else "warn"
 
 
+def _number(value) -> float | None:
+    """A number from a record, None for anything else (records come from other versions too)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _count(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _age(now: float, then) -> float | None:
-    return max(0.0, now - then) if isinstance(then, (int, float)) else None
+    then = _number(then)
+    return None if then is None else max(0.0, now - then)
 
 
 def temperature_trend(points: list[tuple[float, float]]) -> float | None:
@@ -136,26 +146,28 @@ def temperature_trend(points: list[tuple[float, float]]) -> float | None:
 
 
 def _gpu_row(key, record: dict, state: RunState, now: float, settings: ViewSettings) -> GpuRow:
-    sample = record.get("sample") or {}
-    risk = float(record.get("score") or 0.0)
+    sample = record.get("sample")
+    sample = sample if isinstance(sample, dict) else {}
+    risk = min(1.0, max(0.0, _number(record.get("score")) or 0.0))
     age = _age(now, record.get("timestamp"))
-    xids = set(sample.get("xids") or []) | state.xids_seen.get(key, set())
+    xids = {x for x in sample.get("xids") or [] if _count(x) is not None} | state.xids_seen.get(key, set())
+    text = lambda value: None if value is None else str(value)
     return GpuRow(
         node=key[0], gpu=key[1], risk=risk, level=risk_level(risk, settings.threshold),
-        temperature_c=sample.get("temperature_c"),
+        temperature_c=_number(sample.get("temperature_c")),
         trend_c_per_min=temperature_trend(state.temperatures.get(key, [])),
-        memory_used_mib=sample.get("memory_used_mib"), memory_total_mib=sample.get("memory_total_mib"),
-        power_w=sample.get("power_w"), power_limit_w=sample.get("power_limit_w"),
-        utilization_pct=sample.get("utilization_pct"),
-        ecc_corrected=sample.get("ecc_corrected"), ecc_uncorrected=sample.get("ecc_uncorrected"),
-        xids=sorted(xids), dominant=record.get("dominant"), critical=record.get("critical"),
+        memory_used_mib=_number(sample.get("memory_used_mib")), memory_total_mib=_number(sample.get("memory_total_mib")),
+        power_w=_number(sample.get("power_w")), power_limit_w=_number(sample.get("power_limit_w")),
+        utilization_pct=_number(sample.get("utilization_pct")),
+        ecc_corrected=_count(sample.get("ecc_corrected")), ecc_uncorrected=_count(sample.get("ecc_uncorrected")),
+        xids=sorted(xids), dominant=text(record.get("dominant")), critical=text(record.get("critical")),
         age_s=age, stale=age is None or age > settings.stale_after,
     )
 
 
 def _events(state: RunState) -> list[tuple[int, dict]]:
     """(revision, event) for every well-formed event, in the order etcd stored them."""
-    out = [(r.revision, r.value) for r in state.events if isinstance(r.value, dict) and "kind" in r.value]
+    out = [(r.revision, r.value) for r in state.events if isinstance(r.value, dict) and isinstance(r.value.get("kind"), str)]
     return sorted(out, key=lambda pair: pair[0])
 
 
@@ -168,7 +180,7 @@ def _lost_rows(state: RunState, events: list[tuple[int, dict]], now: float) -> t
         if event["kind"] == "node_joined" and event.get("source"):
             joined[event["source"]] = (revision, event)
         elif event["kind"] == "node_lost":
-            for node in event.get("nodes") or []:
+            for node in map(str, event.get("nodes") or []):
                 lost.setdefault(node, (revision, event))  # the first agent to report it
                 if joined.get(node, (-1,))[0] > lost[node][0]:
                     lost[node] = (revision, event)
@@ -178,20 +190,20 @@ def _lost_rows(state: RunState, events: list[tuple[int, dict]], now: float) -> t
         if node in live or joined.get(node, (-1,))[0] > revision:
             continue
         join = joined.get(node, (0, {}))[1]
-        rows[node] = LostRow(node, join.get("host"), join.get("gpus"), _age(now, event.get("time")),
+        rows[node] = LostRow(node, join.get("host"), _count(join.get("gpus")), _age(now, event.get("time")),
                              event.get("source"), None, None)
         newest = max(newest or 0, revision)
     for node, seen in state.lost_seen.items():
         if node in live:
             continue
         health = seen.last_health
-        worst = max(health, key=lambda g: health[g].get("score") or 0.0) if health else None
+        worst = max(health, key=lambda g: _number(health[g].get("score")) or 0.0) if health else None
         earlier = rows.get(node)
         rows[node] = LostRow(
             node, seen.record.host, len(seen.record.gpus) if seen.record.gpus else (earlier.gpus if earlier else None),
             earlier.lost_for_s if earlier else _age(now, seen.seen_at),
             earlier.reported_by if earlier else None,
-            float(health[worst].get("score") or 0.0) if worst is not None else None, worst,
+            _number(health[worst].get("score")) if worst is not None else None, worst,
         )
         newest = max(newest or 0, seen.revision)
     return [rows[n] for n in sorted(rows)], newest
@@ -213,7 +225,7 @@ def _checkpoints(state: RunState, now: float, settings: ViewSettings) -> dict:
         request.update(age_s=age, status=status)
         if status == "skipped":
             request["why"] = state.filtered[raw["id"]].get("why")
-    acks = sorted(state.acks.values(), key=lambda a: a.get("time") or 0.0)
+    acks = sorted(state.acks.values(), key=lambda a: _number(a.get("time")) or 0.0)
     last_ack = None
     if acks:
         a = acks[-1]
@@ -233,9 +245,9 @@ def describe_event(event: dict) -> str:
     if kind == "node_joined":
         return f"{e.get('source')} joined ({e.get('host')}, {e.get('gpus')} GPUs)"
     if kind == "node_lost":
-        return f"{e.get('source')} lost {', '.join(e.get('nodes') or [])} (restart {e.get('restarts')})"
+        return f"{e.get('source')} lost {', '.join(map(str, e.get('nodes') or []))} (restart {e.get('restarts')})"
     if kind == "layout":
-        spare = e.get("spare") or []
+        spare = e.get("spare") if isinstance(e.get("spare"), list) else []
         return (f"layout TP{e.get('tp')}×PP{e.get('pp')}×DP{e.get('dp')} on {e.get('used')} of "
                 f"{e.get('world_size')} GPUs" + (f", {len(spare)} spare" if spare else ""))
     if kind == "ckpt_request":
@@ -307,7 +319,7 @@ def build_view(state: RunState, now: float, settings: ViewSettings = ViewSetting
         watch_error=state.watch_error,
     )
     shown = events[-settings.events:] if settings.events > 0 else []
-    rows = [EventRow(e.get("time"), _age(now, e.get("time")), e["kind"], e.get("source"), describe_event(e))
+    rows = [EventRow(_number(e.get("time")), _age(now, e.get("time")), e["kind"], e.get("source"), describe_event(e))
             for _, e in reversed(shown)]
     return View(state.exists, header, lost, gpus, checkpoints, rows, settings.sort)
 
