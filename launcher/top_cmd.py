@@ -145,8 +145,8 @@ def status(
     key_prefix: str = PREFIX,
     threshold: float = THRESHOLD,
     stale_after: float = STALE_AFTER,
-    rows: int = typer.Option(5, "--rows", help="riskiest GPUs listed"),
-    events: int = typer.Option(5, "--events", help="newest events listed"),
+    rows: int = typer.Option(5, "--rows", envvar="EFT_STATUS_ROWS", help="riskiest GPUs listed"),
+    events: int = typer.Option(5, "--events", envvar="EFT_STATUS_EVENTS", help="newest events listed"),
     request_timeout: float = REQUEST_TIMEOUT,
 ) -> None:
     """One plain-text screen: state, lost nodes, riskiest GPUs, checkpoints, newest events."""
