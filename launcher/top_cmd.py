@@ -9,6 +9,7 @@ reached or an option is malformed (one line on stderr).
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import time
@@ -121,6 +122,7 @@ def top(
     except StoreError as exc:
         _fail("top", str(exc))
     stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # leave the screen as it was, as Ctrl-C does
     try:
         if as_json:
             def emit(view: View) -> None:
@@ -131,7 +133,10 @@ def top(
         else:
             with Live(console=console, auto_refresh=False, screen=console.is_terminal,
                       vertical_overflow="crop") as live:
-                Dashboard(mirror, settings, lambda v: live.update(frame(v, limit(v), console.width), refresh=True), refresh).run(stop)
+                def draw(view: View) -> None:
+                    live.update(frame(view, limit(view), console.width), refresh=True)
+
+                Dashboard(mirror, settings, draw, refresh).run(stop)
     except KeyboardInterrupt:
         pass
     finally:

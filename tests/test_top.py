@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import json
 import re
+import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -402,3 +404,31 @@ def test_the_live_view_says_when_etcd_is_gone_and_recovers_when_it_is_back():
             mirror.close()
             writer.close()
             viewer.close()
+
+
+def test_live_json_follows_the_run_and_stops_on_sigterm(etcd_server, run):
+    two_nodes(run)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "top", "--json", "--refresh", "0.1",
+         "--endpoint", etcd_server.endpoint, "--run-id", run.keys.run_id],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    frames = []
+
+    def read():
+        for line in proc.stdout:
+            frames.append(json.loads(line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: frames and frames[-1]["header"]["live_nodes"] == 2, 60, "a first frame")
+        run.lose("node-b", "node-a")
+        last = wait_for(lambda: frames[-1]["lost"] and frames[-1], 10, "the loss in a frame")
+        assert [l["node"] for l in last["lost"]] == ["node-b"] and last["header"]["state"] == "restarting"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0 and proc.stderr.read() == ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

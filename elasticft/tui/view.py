@@ -292,7 +292,8 @@ def _state(state: RunState, events, newest_loss, checkpoints) -> tuple[str, str]
         return "restarting", "a node was lost after the current layout; waiting for the next round"
     if layout_revision is None:
         return "rendezvous", "no layout published yet (a job without the planner never publishes one)"
-    waiting = [e.get("source") for r, e in events if e["kind"] == "node_joined" and r > layout_revision]
+    waiting = [str(e.get("source")) for r, e in events
+               if e["kind"] == "node_joined" and r > layout_revision and e.get("source") in state.nodes]
     if waiting:
         return "rendezvous", f"{', '.join(waiting)} joined; waiting for the next round"
     return "training", "every live node is in the current layout; no checkpoint request open"
@@ -313,7 +314,7 @@ def build_view(state: RunState, now: float, settings: ViewSettings = ViewSetting
         run_id=state.run_id, state=word, detail=detail,
         live_nodes=sum(1 for r in state.nodes.values() if r.state != "exited"), lost_nodes=len(lost),
         world_size=layout.get("world_size"), tp=layout.get("tp"), pp=layout.get("pp"), dp=layout.get("dp"),
-        used=layout.get("used"), spare=list(layout.get("spare") or []),
+        used=layout.get("used"), spare=layout["spare"] if isinstance(layout.get("spare"), list) else [],
         layout_age_s=_layout_age(state, events, now),
         restarts=_restarts(events), uptime_s=_age(now, state.started), threshold=settings.threshold,
         watch_error=state.watch_error,
