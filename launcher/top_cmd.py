@@ -20,8 +20,18 @@ from rich.console import Console
 from rich.live import Live
 
 from elasticft.store import RunKeys, StoreError, StoreOptions, connect
-from elasticft.tui import SORTS, Dashboard, RunMirror, View, ViewSettings, build_view, frame, read_state
-from elasticft.tui import rows_that_fit, status_text
+from elasticft.tui import (
+    SORTS,
+    Dashboard,
+    RunMirror,
+    View,
+    ViewSettings,
+    build_view,
+    frame,
+    read_state,
+    rows_that_fit,
+    status_text,
+)
 
 ENDPOINT = typer.Option(..., "--endpoint", envvar="EFT_ENDPOINT", help="etcd HOST:PORT of the run")
 RUN_ID = typer.Option(..., "--run-id", envvar="EFT_RUN_ID", help="the run's --rdzv-id")

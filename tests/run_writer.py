@@ -90,5 +90,32 @@ class RunWriter:
         self.leases.clear()
 
 
-def now() -> float:
-    return time.time()
+def two_nodes(run: RunWriter, layout: bool = True) -> dict:
+    """node-a (4 quiet GPUs), node-b: gpu3 with a critical Xid, gpu1 at the temperature limit."""
+    run.join("node-a", 4)
+    run.join("node-b", 4)
+    if layout:
+        run.layout([4, 4], "node-a")
+    t = time.time()
+    scores = {}
+    for node in ("node-a", "node-b"):
+        samples = [gpu_sample(node, g, t, temperature=50 + g) for g in range(4)]
+        if node == "node-b":
+            samples[1] = gpu_sample(node, 1, t, temperature=85, only_temperature=True)
+            samples[3] = gpu_sample(node, 3, t, temperature=70, xids=(79,))
+        scores.update({(s.node, s.gpu): round(s.score, 2) for s in run.publish(node, samples)})
+    return scores
+
+
+def many_gpus(run: RunWriter) -> dict:
+    """Three nodes of 8 GPUs; one GPU per node at 80-82 C reporting nothing else (risk about 0.5)."""
+    t = time.time()
+    scores = {}
+    for n in range(3):
+        node = f"node-{n}"
+        run.join(node, 8)
+        samples = [gpu_sample(node, g, t, temperature=50 + g) for g in range(8)]
+        samples[n + 2] = gpu_sample(node, n + 2, t, temperature=80 + n, only_temperature=True)
+        scores.update({(s.node, s.gpu): round(s.score, 2) for s in run.publish(node, samples)})
+    run.layout([8, 8, 8], "node-0")
+    return scores

@@ -16,16 +16,23 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from elasticft.store import EmbeddedEtcd, RunKeys, StoreOptions, connect, free_port
 from elasticft.membership import NodeRecord
-from elasticft.tui import Dashboard, Record, RunMirror, RunState, ViewSettings, build_view, frame, read_state
-from elasticft.tui import rows_that_fit
+from elasticft.store import EmbeddedEtcd, RunKeys, StoreOptions, connect, free_port
+from elasticft.tui import (
+    Dashboard,
+    Record,
+    RunMirror,
+    RunState,
+    ViewSettings,
+    build_view,
+    frame,
+    read_state,
+    rows_that_fit,
+)
 from launcher.cli import app
 from tests.launch import wait_for
-from tests.run_writer import RunWriter, gpu_sample
-
-ROW = re.compile(r"^│ ([\w-]+)?\s+(\d+)\s+[█░]{8} (\d\.\d\d)")
-SGR = re.compile(r"\x1b\[([0-9;]*)m")
+from tests.run_writer import RunWriter, gpu_sample, many_gpus, two_nodes
+from tests.top_screen import ROW, codes_at, gpu_rows, record
 
 
 @pytest.fixture
@@ -40,63 +47,6 @@ def eft(etcd_server, writer: RunWriter | None, *args: str, run_id: str | None = 
     run_id = run_id or writer.keys.run_id
     where = ["--endpoint", etcd_server.endpoint, "--run-id", run_id]
     return CliRunner().invoke(app, [*args, *where], env={"COLUMNS": "160"})
-
-
-def gpu_rows(output: str) -> list[tuple[str, int, float]]:
-    """(node, gpu, risk) of every GPU row, in the order drawn; a blank node repeats the one above."""
-    rows, node = [], None
-    for line in output.splitlines():
-        match = ROW.match(line)
-        if match:
-            node = match.group(1) or node
-            rows.append((node, int(match.group(2)), float(match.group(3))))
-    return rows
-
-
-def two_nodes(run: RunWriter, layout: bool = True) -> dict:
-    """node-a (4 quiet GPUs), node-b: gpu3 with a critical Xid, gpu1 at the temperature limit."""
-    run.join("node-a", 4)
-    run.join("node-b", 4)
-    if layout:
-        run.layout([4, 4], "node-a")
-    t = time.time()
-    scores = {}
-    for node in ("node-a", "node-b"):
-        samples = [gpu_sample(node, g, t, temperature=50 + g) for g in range(4)]
-        if node == "node-b":
-            samples[1] = gpu_sample(node, 1, t, temperature=85, only_temperature=True)
-            samples[3] = gpu_sample(node, 3, t, temperature=70, xids=(79,))
-        scores.update({(s.node, s.gpu): round(s.score, 2) for s in run.publish(node, samples)})
-    return scores
-
-
-def styles(console: Console) -> list[list[tuple[str, set[str]]]]:
-    """Each printed line as (character, SGR codes in force), as the terminal gets them."""
-    lines = []
-    for line in console.export_text(styles=True).splitlines():
-        chars, codes, pos = [], set(), 0
-        for match in SGR.finditer(line):
-            chars.extend((c, codes) for c in line[pos:match.start()])
-            codes = set(match.group(1).split(";")) - {"0", ""}
-            pos = match.end()
-        chars.extend((c, codes) for c in line[pos:])
-        lines.append(chars)
-    return lines
-
-
-def codes_at(lines, row_prefix: str, text: str) -> set[str]:
-    """The SGR codes of ``text`` on the GPU row that starts with ``row_prefix``."""
-    for chars in lines:
-        plain = "".join(c for c, _ in chars)
-        if plain.startswith("│ " + row_prefix):
-            return chars[plain.index(text, len(row_prefix) + 2)][1]
-    raise AssertionError(f"no row {row_prefix!r}")
-
-
-def record(view) -> list:
-    console = Console(record=True, force_terminal=True, color_system="standard", width=160, file=io.StringIO())
-    console.print(frame(view, None, 160))
-    return styles(console)
 
 
 def test_once_draws_every_gpu_riskiest_first_with_header_and_factors(etcd_server, run):
@@ -200,19 +150,6 @@ def test_temperature_trend_from_the_samples_the_viewer_saw(etcd, run):
         assert "64°C   ↑12.0/m" in console.export_text()
     finally:
         mirror.close()
-
-
-def many_gpus(run: RunWriter) -> dict:
-    t = time.time()
-    scores = {}
-    for n in range(3):
-        node = f"node-{n}"
-        run.join(node, 8)
-        samples = [gpu_sample(node, g, t, temperature=50 + g) for g in range(8)]
-        samples[n + 2] = gpu_sample(node, n + 2, t, temperature=80 + n, only_temperature=True)
-        scores.update({(s.node, s.gpu): round(s.score, 2) for s in run.publish(node, samples)})
-    run.layout([8, 8, 8], "node-0")
-    return scores
 
 
 def test_many_gpus_draw_the_riskiest_and_say_how_many_are_hidden(etcd_server, etcd, run):
