@@ -169,18 +169,19 @@ class RunMirror:
         record = _parse(event.value)
         if not isinstance(record, dict):
             return False
-        previous = self._health.get(key)
         self._health[key] = record
         self._departed.pop(node, None)
-        if previous is None or previous.get("timestamp") != record.get("timestamp"):
-            self._remember(key, record)
+        self._remember(key, record)
         return True
 
     def _remember(self, key: tuple[str, int], record: dict) -> None:
-        sample = record.get("sample") or {}
+        sample = record.get("sample") if isinstance(record.get("sample"), dict) else {}
         temperature, timestamp = sample.get("temperature_c"), record.get("timestamp")
         if isinstance(temperature, (int, float)) and isinstance(timestamp, (int, float)):
-            self._temperatures.setdefault(key, deque(maxlen=TREND_SAMPLES)).append((timestamp, temperature))
+            seen = self._temperatures.setdefault(key, deque(maxlen=TREND_SAMPLES))
+            # A watch started before the read replays older values: keep time moving forward.
+            if not seen or timestamp > seen[-1][0]:
+                seen.append((timestamp, temperature))
         xids = sample.get("xids") or []
         if xids:
             self._xids.setdefault(key, set()).update(int(x) for x in xids if isinstance(x, int))
