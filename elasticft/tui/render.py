@@ -100,7 +100,7 @@ def header_panel(view: View) -> Panel:
 
 
 def _lost_text(row: LostRow) -> Text:
-    line = Text("LOST ", style="bold red")
+    line = Text("LOST ", style="bold red", no_wrap=True, overflow="ellipsis")  # one line each: fit counts lines
     line.append(fmt.lost_line(row), style="red")
     return line
 
