@@ -85,6 +85,30 @@ class NodeLease:
         self.lease.revoke()
 
 
+def _store_record(records: dict[str, NodeRecord], prefix: str, key: str, value: bytes) -> None:
+    try:
+        records[key[len(prefix):]] = NodeRecord.from_json(value)
+    except (ValueError, TypeError) as exc:
+        log.warning("ignoring malformed node record %s: %s", key, exc)
+
+
+def apply_node_events(records: dict[str, NodeRecord], prefix: str, events: list[WatchEvent]) -> list[NodeRecord]:
+    """Apply watch events on ``prefix`` (``nodes/``) to ``records``; return the nodes lost.
+
+    A deleted record that was not marked ``exited`` is a lost node: its lease expired
+    or was revoked without a clean exit. The agent and ``eft top`` share this rule.
+    """
+    lost = []
+    for event in events:
+        if not event.deleted:
+            _store_record(records, prefix, event.key, event.value)
+            continue
+        record = records.pop(event.key[len(prefix):], None)
+        if record is not None and record.state != "exited":
+            lost.append(record)
+    return lost
+
+
 class Membership:
     """A live mirror of ``nodes/``; ``lost`` is set whenever a member is lost."""
 
@@ -111,26 +135,15 @@ class Membership:
         )
 
     def _store(self, key: str, value: bytes) -> None:
-        try:
-            record = NodeRecord.from_json(value)
-        except (ValueError, TypeError) as exc:
-            log.warning("ignoring malformed node record %s: %s", key, exc)
-            return
-        self._records[key[len(self._prefix):]] = record
+        _store_record(self._records, self._prefix, key, value)
 
     def _on_events(self, events: list[WatchEvent]) -> None:
         with self._lock:
-            for event in events:
-                node_id = event.key[len(self._prefix):]
-                if not event.deleted:
-                    self._store(event.key, event.value)
-                    continue
-                record = self._records.pop(node_id, None)
-                if record is not None and record.state != "exited":
-                    log.debug("node %s (%s) lost its lease", node_id, record.host)
-                    self._lost[node_id] = record
-                    self._unreported.append(record)
-                    self.lost.set()
+            for record in apply_node_events(self._records, self._prefix, events):
+                log.debug("node %s (%s) lost its lease", record.node_id, record.host)
+                self._lost[record.node_id] = record
+                self._unreported.append(record)
+                self.lost.set()
 
     def _on_error(self, exc: Exception) -> None:
         if self._closed:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from launcher import ckpt_cmd, health_cmd, plan_cmd
+from launcher import ckpt_cmd, health_cmd, plan_cmd, top_cmd
 
 app = typer.Typer(
     help="eft: tools for elastic, fault-tolerant Megatron training launched with eft-run.",
@@ -26,6 +26,7 @@ def _root() -> None:
 plan_cmd.register(app)
 health_cmd.register(app)
 ckpt_cmd.register(app)
+top_cmd.register(app)
 
 
 def main() -> None:

@@ -75,6 +75,11 @@ class WatchEvent:
     revision: int
 
 
+# pyetcd marks an endpoint failed after one UNAVAILABLE or DEADLINE_EXCEEDED answer and
+# refuses to use it for ``time_retry`` seconds (300 by default): a client of a single
+# etcd would be dead for five minutes after one lost request. Try it again after this.
+FAILED_ENDPOINT_RETRY = 1.0
+
 _UNAVAILABLE = (
     etcd_exceptions.ConnectionFailedError,
     etcd_exceptions.ConnectionTimeoutError,
@@ -128,7 +133,9 @@ class EtcdClient:
             creds = None
             if secure:
                 creds = pyetcd.Etcd3Client.get_secure_creds(options.cacert, options.key, options.cert)
-            endpoints.append(pyetcd.Endpoint(host, port, secure=secure, creds=creds))
+            endpoints.append(
+                pyetcd.Endpoint(host, port, secure=secure, creds=creds, time_retry=FAILED_ENDPOINT_RETRY)
+            )
         try:
             self._etcd = pyetcd.MultiEndpointEtcd3Client(
                 endpoints=endpoints,
@@ -149,6 +156,10 @@ class EtcdClient:
             raise StoreUnavailable(f"etcd at {self.options.endpoints} is unreachable") from exc
         except (etcd_exceptions.Etcd3Exception, grpc.RpcError) as exc:
             raise StoreError(f"etcd request failed: {exc!r}") from exc
+        except ValueError as exc:
+            if "failed node" not in str(exc):  # pyetcd: "Trying to use a failed node"
+                raise
+            raise StoreUnavailable(f"etcd at {self.options.endpoints} is unreachable") from exc
 
     # -- reads -------------------------------------------------------------------
 

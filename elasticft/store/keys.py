@@ -26,9 +26,19 @@ class RunKeys:
     def node(self, node_id: str) -> str:
         return self.nodes + node_id
 
+    @property
+    def all_health(self) -> str:
+        """Prefix of every node's GPU health records."""
+        return self.root + "health/"
+
     def health(self, node_id: str, gpu: int | None = None) -> str:
-        base = f"{self.root}health/{node_id}/"
+        base = f"{self.all_health}{node_id}/"
         return base if gpu is None else f"{base}{gpu}"
+
+    @property
+    def checkpoints(self) -> str:
+        """Prefix of everything the checkpoint protocol writes (request, acks, latest)."""
+        return self.root + "ckpt/"
 
     @property
     def ckpt_request(self) -> str:
