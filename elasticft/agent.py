@@ -18,6 +18,7 @@ the agent behaves exactly like torchrun's.
 from __future__ import annotations
 
 import logging
+import json
 import os
 import signal
 import socket
@@ -148,6 +149,8 @@ class FTElasticAgent(LocalElasticAgent):
         self._ckpt.request_for_risk(f"{score.node}/gpu{score.gpu}", score.score)
 
     def _leave_membership(self, clean: bool) -> None:
+        if clean and self._events is not None:
+            self._events.record("node_left")
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler.source.close()
@@ -165,6 +168,13 @@ class FTElasticAgent(LocalElasticAgent):
             self._membership.take_losses()
             self._forget_master_address(worker_group)
         super()._rendezvous(worker_group)
+        if self._planner is None and worker_group.group_rank == 0 and self._client is not None:
+            # No model to plan for: still tell `eft top` what this round looks like.
+            self._rounds += 1
+            world = worker_group.workers[0].world_size if worker_group.workers else 0
+            self._client.put(self._etcd.keys.layout, json.dumps(
+                {"world_size": world, "tp": None, "pp": None, "dp": None, "used": world, "spare": [],
+                 "spare_nodes": [], "round": self._rounds, "reason": "no Megatron model arguments: not planned"}))
         log.info(
             "rendezvous complete: node rank %s of %s, world size %s",
             worker_group.group_rank,

@@ -20,16 +20,11 @@ from typing import Callable
 
 from .checkpoint import CheckpointProtocol, CheckpointRequest
 from .store import EtcdClient, RunKeys, StoreError, WatchEvent
+from .worker.atomic import write_atomically
 
 log = logging.getLogger(__name__)
 
 OUTBOX_POLL_SECONDS = 0.1  # an ack reaches etcd within this; the cost is one listdir
-
-
-def write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class CheckpointRelay:

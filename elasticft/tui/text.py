@@ -27,7 +27,8 @@ def duration(seconds: float | None) -> str:
 
 def layout(h: Header) -> str:
     if h.tp is None:
-        return "no layout yet"
+        # Jobs without Megatron model arguments get a round record with no plan in it.
+        return f"world {h.world_size} (not planned)" if h.world_size else "no layout yet"
     since = f", set {duration(h.layout_age_s)} ago" if h.layout_age_s is not None else ""
     return f"world {h.world_size}: TP{h.tp}×PP{h.pp}×DP{h.dp} on {h.used} (+{len(h.spare)} spare{since})"
 

@@ -8,7 +8,18 @@
 See docs/checkpoint.md.
 """
 
-from .checkpoints import CheckpointDir
-from .hook import Action, Hook
+from __future__ import annotations
 
-__all__ = ["Action", "CheckpointDir", "Hook"]
+import importlib
+
+# Loaded on first use: the agent and the `eft` command import the gap rule from this
+# package and must not pay for importing torch (the hook's dependency) to get it.
+_EXPORTS = {"Action": ".hook", "Hook": ".hook", "CheckpointDir": ".checkpoints"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
