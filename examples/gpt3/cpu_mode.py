@@ -40,7 +40,7 @@ import logging
 import torch
 from torch.overrides import TorchFunctionMode
 
-_MODE: "_CpuDevices | None" = None
+_MODE = None  # the _CpuDevices mode once enabled
 
 # Legacy type names megatron-core compares with, CPU name -> CUDA name.
 _CUDA_TYPE_NAMES = {"torch.FloatTensor": "torch.cuda.FloatTensor"}
@@ -60,7 +60,7 @@ def _cpu(device):
 class _CpuDevices(TorchFunctionMode):
     """Every torch function call sees the CPU where it was given a CUDA device."""
 
-    _IDENTITY = {torch.Tensor.cuda, torch.Tensor.pin_memory}
+    _IDENTITY = frozenset({torch.Tensor.cuda, torch.Tensor.pin_memory})
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})

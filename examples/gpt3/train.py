@@ -23,6 +23,7 @@ sample g is a function of (--seed, g) alone.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import queue
@@ -140,6 +141,27 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def layout_problems(args, world_size: int) -> list[str]:
+    """Why TP x PP x DP does not fit this model and world size (empty: it does)."""
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    if tp < 1 or pp < 1 or world_size % (tp * pp):
+        return [f"the world size {world_size} is not a multiple of TP x PP"]
+    dp = world_size // (tp * pp)
+    checks = [
+        (args.global_batch_size % (args.micro_batch_size * dp) == 0,
+         (f"--global-batch-size {args.global_batch_size} is not a multiple of "
+          f"--micro-batch-size x DP = {args.micro_batch_size * dp}")),
+        (args.num_layers % pp == 0, f"--num-layers {args.num_layers} is not a multiple of PP"),
+        (args.num_attention_heads % tp == 0,
+         f"--num-attention-heads {args.num_attention_heads} is not a multiple of TP"),
+        ((args.num_query_groups or tp) % tp == 0,
+         f"--num-query-groups {args.num_query_groups} is not a multiple of TP"),
+        (args.padded_vocab_size % tp == 0,
+         f"the padded vocabulary {args.padded_vocab_size} is not a multiple of TP"),
+    ]
+    return [why for ok, why in checks if not ok]
+
+
 # -- the synthetic token stream ----------------------------------------------------------
 
 def sample_tokens(seed: int, index: int, length: int, vocab_size: int) -> torch.Tensor:
@@ -148,7 +170,8 @@ def sample_tokens(seed: int, index: int, length: int, vocab_size: int) -> torch.
     Each sample is an arithmetic progression modulo the vocabulary with a random start
     and stride, so there is something to learn: after two tokens the rest is determined.
     """
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
+    key = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(key, "big") >> 1)
     start, stride = torch.randint(0, vocab_size, (2,), generator=generator).tolist()
     stride = 1 + stride % 16
     return (start + stride * torch.arange(length)) % vocab_size
@@ -221,21 +244,10 @@ class Trainer:
         dist.init_process_group(backend)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
-        if self.world % (tp * pp):
-            raise SystemExit(f"world size {self.world} is not a multiple of TP {tp} x PP {pp}")
+        problems = layout_problems(args, self.world)
+        if problems:
+            raise SystemExit(f"TP{tp} x PP{pp} on {self.world} ranks: " + "; ".join(problems))
         self.dp = self.world // (tp * pp)
-        for what, ok in (
-            (f"--global-batch-size {args.global_batch_size} must be a multiple of "
-             f"--micro-batch-size x DP = {args.micro_batch_size * self.dp}",
-             args.global_batch_size % (args.micro_batch_size * self.dp) == 0),
-            (f"--num-layers {args.num_layers} must be a multiple of PP {pp}", args.num_layers % pp == 0),
-            (f"--num-attention-heads {args.num_attention_heads} must be a multiple of TP {tp}",
-             args.num_attention_heads % tp == 0),
-            (f"the padded vocabulary {args.padded_vocab_size} must be a multiple of TP {tp}",
-             args.padded_vocab_size % tp == 0),
-        ):
-            if not ok:
-                raise SystemExit(what)
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
         self.tp, self.pp = tp, pp
         self.dp_rank = parallel_state.get_data_parallel_rank()
@@ -245,12 +257,16 @@ class Trainer:
         tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
 
     def _build(self):
-        from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
-                                               finalize_model_grads)
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+        from megatron.core.pipeline_parallel import get_forward_backward_func
         from megatron.core.transformer.transformer_config import TransformerConfig
 
         args = self.args
@@ -291,6 +307,11 @@ class Trainer:
         )
         if self.cuda:
             model.cuda(torch.cuda.current_device())
+        self.core = model  # what checkpoints hold, under Megatron-LM's keys (no "module.")
+        if args.bf16:
+            # As Megatron-LM's get_model: bf16 inputs on the first stage, fp32 outputs on the last.
+            from megatron.core.transformer.module import Float16Module
+            model = Float16Module(config, model)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=False,
@@ -331,7 +352,6 @@ class Trainer:
         config.no_sync_func = self.model.no_sync
         config.finalize_model_grads_func = finalize_model_grads
         self.config = config
-        from megatron.core.pipeline_parallel import get_forward_backward_func
         self.forward_backward = get_forward_backward_func()
 
     # -- one iteration ---------------------------------------------------------------
@@ -384,7 +404,7 @@ class Trainer:
     # -- checkpoints -----------------------------------------------------------------
 
     def _state(self, is_loading: bool) -> dict:
-        model_state = self.model.module.sharded_state_dict()  # Megatron-LM's keys: no "module."
+        model_state = self.core.sharded_state_dict()
         state = {"model": model_state, "checkpoint_version": CHECKPOINT_VERSION}
         if not (is_loading and self.args.no_load_optim):
             state["optimizer"] = self.optimizer.sharded_state_dict(model_state, is_loading=is_loading)
@@ -413,14 +433,22 @@ class Trainer:
         return str(path), time.time() - started
 
     def load(self, path, iteration: int) -> dict:
+        """CheckpointDir's load_fn: every rank fails or none (torch_dist agrees on errors)."""
+        from torch.distributed.checkpoint.api import CheckpointException
+
         state = self._state(is_loading=True)
-        loaded = dist_checkpointing.load(state, str(path))
-        self.model.module.load_state_dict(loaded["model"])
+        try:
+            loaded = dist_checkpointing.load(state, str(path))
+        except CheckpointException as err:
+            # A BaseException, which CheckpointDir.load_latest would not catch: it could
+            # not fall back to the previous checkpoint.
+            raise RuntimeError(f"torch_dist could not read {path}: {err}") from None
+        if loaded.get("iteration") != iteration:
+            raise RuntimeError(f"checkpoint {path} holds iteration {loaded.get('iteration')}, not {iteration}")
+        self.core.load_state_dict(loaded["model"])
         if "optimizer" in state:
             self.optimizer.load_state_dict(loaded["optimizer"])
             self.scheduler.load_state_dict(loaded["opt_param_scheduler"])
-        if loaded.get("iteration") != iteration:
-            raise RuntimeError(f"checkpoint {path} holds iteration {loaded.get('iteration')}, not {iteration}")
         return loaded.get("layout", {})
 
 
@@ -428,7 +456,8 @@ class Log:
     """Rank 0's records: JSON lines to --log-file, a short line to stdout."""
 
     def __init__(self, path, rank: int):
-        self.file = open(path, "a", buffering=1) if path and rank == 0 else None
+        # Open for the whole run, line-buffered: a killed run keeps every finished line.
+        self.file = open(path, "a", buffering=1) if path and rank == 0 else None  # noqa: SIM115
         self.rank = rank
 
     def record(self, **fields):
@@ -519,7 +548,8 @@ def _layout_text(layout: dict) -> str:
     return f"TP{layout['tp']}xPP{layout['pp']}xDP{layout['dp']} ({layout['world_size']} ranks)"
 
 
-# torch_dist saving starts a spawn-method multiprocessing Manager, which re-imports
-# __main__: without this guard every save would start another training run and hang.
+# Mandatory: megatron-core's torch_dist save starts a spawn-method multiprocessing Manager
+# (unless its results queue was replaced, as _import_megatron does), which re-imports
+# __main__; without this guard every save would start another training run and hang.
 if __name__ == "__main__":
     sys.exit(main())
