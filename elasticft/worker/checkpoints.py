@@ -129,7 +129,11 @@ class CheckpointDir:
                 continue
             try:
                 return iteration, load_fn(path, iteration)
-            except Exception as err:  # noqa: BLE001 - any failure to load means: try the previous one
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            # BaseException: torch.distributed.checkpoint's CheckpointException derives from
+            # it, and any failure to load means: try the previous one.
+            except BaseException as err:  # noqa: BLE001
                 log.warning("could not load checkpoint %s (%s: %s); falling back to an older one",
                             path, type(err).__name__, err)
         return None, None
