@@ -37,6 +37,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 
 from .ckpt_agent import CheckpointCoordinator
 from .events import EventLog
+from .inject import InjectedGpuSource, parse_faults
 from .config import CheckpointConfig, FTConfig, HealthConfig, PlannerConfig, RiskConfig
 from .health import EtcdHealthPublisher, HealthSampler, RiskModel, RiskScore, make_source
 from .membership import Membership, NodeLease, NodeRecord, default_node_id
@@ -83,6 +84,7 @@ class FTElasticAgent(LocalElasticAgent):
         # node, when SIGTERM would only ask workers stuck in a dead collective to save.
         self._restart_signal = signal.SIGTERM
         self._rounds = 0
+        self._degrade_seen = False
         self.membership_restarts = 0
 
     # -- lifecycle -----------------------------------------------------------------
@@ -93,8 +95,12 @@ class FTElasticAgent(LocalElasticAgent):
             self._join_membership()
             # Workers inherit the agent's environment (torch copies os.environ).
             os.environ.update(self._ckpt.worker_environment(self._client, self._etcd.keys if self._etcd else None))
+            if self._ft.inject:
+                os.environ["EFT_INJECT"] = self._ft.inject
             if self._client is not None:
-                self._ckpt.connect(self._client, self._etcd.keys, self._node_lease.record.node_id)
+                node_id = self._node_lease.record.node_id
+                self._ckpt.connect(self._client, self._etcd.keys, node_id)
+                self._start_health_sampler(node_id)
             self._ckpt.forward_exit_signals()
             result = super().run(role)
             clean = not result.is_failed()
@@ -128,11 +134,14 @@ class FTElasticAgent(LocalElasticAgent):
         self._events = EventLog(self._client, self._etcd.keys, record.node_id)
         self._events.record("node_joined", host=record.host, gpus=len(record.gpus))
         log.info("node %s joined run %s (lease TTL %g s)", record.node_id, self._etcd.keys.run_id, self._ft.lease_ttl)
-        self._start_health_sampler(record.node_id)
 
     def _start_health_sampler(self, node_id: str) -> None:
         """Sample this node's GPUs and publish their risk under the node lease."""
-        source = make_source(self._options.health.health_source, node_id)
+        if any(f.kind == "gpu_degrade" for f in parse_faults(self._ft.inject)):
+            # Injected GPU faults replace the real readings (see elasticft/inject.py).
+            source = InjectedGpuSource(node_id, self._worker_group.spec.local_world_size, self._ckpt.run_dir)
+        else:
+            source = make_source(self._options.health.health_source, node_id)
         if source is None:
             return
         publisher = EtcdHealthPublisher(self._client, self._etcd.keys, node_id, self._node_lease.lease)
@@ -256,6 +265,11 @@ class FTElasticAgent(LocalElasticAgent):
             super()._shutdown(death_sig, self._ckpt.shutdown_timeout(death_sig, timeout))
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        sampler = self._sampler
+        if isinstance(getattr(sampler, "source", None), InjectedGpuSource) and not self._degrade_seen:
+            if sampler.source.degraded_gpu() is not None:
+                self._degrade_seen = True
+                sampler.wake()  # an injected fault is a demo: show it at once, not in 10 s
         if worker_group.workers:
             result = super()._monitor_workers(worker_group)
         else:

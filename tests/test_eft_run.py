@@ -111,6 +111,7 @@ def test_unreachable_endpoint_fails_with_one_line(tmp_path):
         (["--rdzv-conf", "join_timeout"], "--rdzv-conf"),
         (["--rdzv-conf", "lease_tll=3"], "lease_tll"),
         (["--rdzv-conf", "lease_ttl=soon"], "lease_ttl"),
+        (["--eft-inject", "gpu_melt:1@3"], "--eft-inject"),
     ],
 )
 def test_bad_input_gives_one_clear_line(tmp_path, args, needle):

@@ -54,6 +54,7 @@ class HealthSampler:
         self.latest: dict[tuple[str, int], tuple[GpuSample, RiskScore]] = {}
         self.latest_host: HostSample | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # stop() and wake() cut the wait between samples short
         self._thread: threading.Thread | None = None
         self._last_error: str | None = None
 
@@ -65,9 +66,14 @@ class HealthSampler:
         self._thread.start()
         return self
 
+    def wake(self) -> None:
+        """Sample now instead of at the end of the current interval."""
+        self._wake.set()
+
     def stop(self, timeout: float = 10.0) -> None:
         """Stop sampling; returns as soon as a read in progress has finished."""
         self._stop.set()
+        self._wake.set()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
@@ -79,8 +85,8 @@ class HealthSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.sample_once()
-            if self._stop.wait(self.interval):
-                return
+            self._wake.wait(self.interval)
+            self._wake.clear()
 
     def _warn(self, what: str, exc: BaseException) -> None:
         message = f"{what}: {exc}"

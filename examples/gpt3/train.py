@@ -314,6 +314,7 @@ class Log:
 def main(argv=None) -> int:
     args = parse_args(argv)
     trainer = Trainer(args)
+    from elasticft.inject import FaultInjector
     from elasticft.worker import CheckpointDir, Hook
 
     rank = trainer.rank
@@ -339,6 +340,7 @@ def main(argv=None) -> int:
     # On GPU the vote goes over gloo, so it does not synchronise the GPU every iteration.
     group = dist.new_group(backend="gloo") if trainer.cuda else None
     hook = Hook(save_interval=args.save_interval, last_saved_iteration=iteration, group=group)
+    injector = FaultInjector.from_env()  # --eft-inject: demo and test faults, off otherwise
     log.record(event="start", iteration=iteration, train_iters=args.train_iters, **layout)
     log.say(f"training {_layout_text(layout)} from iteration {iteration} to {args.train_iters}"
             f"{' (CPU mode, fp32)' if not trainer.cuda else ', bf16' if args.bf16 else ''}")
@@ -372,6 +374,7 @@ def main(argv=None) -> int:
             log.record(event="exit", iteration=iteration, reason=reason, **layout)
             log.say(f"exiting at iteration {iteration} ({reason})")
             break
+        injector.after_iteration(iteration)
     else:
         if checkpoints is not None and last_saved != iteration:
             path, seconds = trainer.save(checkpoints, iteration)

@@ -1,0 +1,114 @@
+"""The eft demo: a megatron-core GPT on two simulated nodes survives a dying GPU and a lost node.
+
+Two eft-run agents (2 workers each, TP2 x PP1 x DP2) share one embedded etcd on this
+machine. After iteration --degrade-at the GPU of rank 2 (node 1) starts to fail; node 1's
+health sampler sees it and asks for an emergency checkpoint; every rank saves the same
+iteration. After --lose-at, node 1 dies (its agent and workers are SIGKILLed). Node 0
+notices the lost lease, re-plans for 2 GPUs, resumes from the checkpoint resharded to the
+new layout and finishes --train-iters. Then it prints what happened.
+
+  python examples/gpt3/demo.py [--out DIR] [--no-health] [--comeback-at I]
+
+--no-health leaves the GPU healthy (periodic saves only): compare how much is re-done.
+--comeback-at starts a new node 1 once node 0 reaches iteration I (scale-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path[:0] = [str(ROOT), str(HERE)]
+
+from elasticft.events import EventLog  # noqa: E402
+from elasticft.store import EmbeddedEtcd, RunKeys, StoreOptions, connect  # noqa: E402
+from story import tell  # noqa: E402
+
+MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+         "--max-position-embeddings", "32", "--vocab-size", "128", "--global-batch-size", "8",
+         "--micro-batch-size", "1", "--lr", "5e-3", "--seed", "1234"]
+
+
+def train_args(out: Path, args) -> list[str]:
+    return [str(HERE / "train.py"), *MODEL, "--train-iters", str(args.train_iters),
+            "--tensor-model-parallel-size", "2", "--save", str(out / "ckpt"), "--load", str(out / "ckpt"),
+            "--save-interval", str(args.save_interval), "--log-file", str(out / "train.jsonl")]
+
+
+def agent(endpoint: str, run_id: str, out: Path, args, name: str, faults: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "launcher.eft_run", "--nnodes", "1:2", "--nproc-per-node", "2",
+           "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
+           "--eft-node-id", name, "--eft-health-interval", "0.5", "--max-restarts", "1"]
+    if faults:
+        cmd += ["--eft-inject", faults]
+    log = open(out / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it until it exits
+    return subprocess.Popen([*cmd, *train_args(out, args)], stdout=log, stderr=subprocess.STDOUT,
+                            cwd=ROOT, start_new_session=True)
+
+
+def iterations(out: Path) -> list[dict]:
+    path = out / "train.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run(args) -> dict:
+    out = Path(args.out or tempfile.mkdtemp(prefix="eft-demo-"))
+    out.mkdir(parents=True, exist_ok=True)
+    faults = [] if args.no_health else [f"gpu_degrade:2@{args.degrade_at}"]
+    faults.append(f"node_lost:1@{args.lose_at}")
+    run_id = uuid.uuid4().hex[:12]
+    with EmbeddedEtcd() as etcd:
+        nodes = [agent(etcd.endpoint, run_id, out, args, f"node{i}", ",".join(faults)) for i in range(2)]
+        comeback = None
+        try:
+            deadline = time.monotonic() + args.timeout
+            while nodes[0].poll() is None:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"demo: no result within {args.timeout} s; logs in {out}")
+                done = [r["iteration"] for r in iterations(out) if r.get("event") == "iteration"]
+                if args.comeback_at and comeback is None and done and done[-1] >= args.comeback_at \
+                        and nodes[1].poll() is not None:
+                    comeback = agent(etcd.endpoint, run_id, out, args, "node1-again", "")
+                    nodes.append(comeback)
+                time.sleep(0.2)
+            for node in nodes[1:]:
+                node.wait(60)
+            client = connect(StoreOptions(etcd.endpoint))
+            events = EventLog(client, RunKeys(run_id), "demo").read()
+        finally:
+            for node in nodes:
+                if node.poll() is None:
+                    node.kill()
+    result = {"out": str(out), "exit_code": nodes[0].returncode, "events": events, "log": iterations(out)}
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="directory for logs, checkpoints and result.json (default: a temp dir)")
+    parser.add_argument("--train-iters", type=int, default=24)
+    parser.add_argument("--save-interval", type=int, default=10)
+    parser.add_argument("--degrade-at", type=int, default=12, help="iteration after which rank 2's GPU fails")
+    parser.add_argument("--lose-at", type=int, default=14, help="iteration after which node 1 dies")
+    parser.add_argument("--no-health", action="store_true", help="no failing GPU: periodic saves only")
+    parser.add_argument("--comeback-at", type=int, default=0, help="restart node 1 at this iteration")
+    parser.add_argument("--timeout", type=float, default=300)
+    args = parser.parse_args()
+    result = run(args)
+    print(tell(result, args))
+    return 0 if result["exit_code"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Fault injection: the spec, and which worker acts (the demo tests run the faults for real)."""
+
+import pytest
+
+from elasticft.config import ConfigError
+from elasticft.inject import DEGRADE_MARKER, Fault, FaultInjector, InjectedGpuSource, parse_faults
+from elasticft.health import RiskModel
+from elasticft.config import RiskConfig
+
+
+def test_parse_faults():
+    assert parse_faults(" gpu_degrade:2@8, node_lost:1@10 ") == [Fault("gpu_degrade", 2, 8), Fault("node_lost", 1, 10)]
+    assert parse_faults("") == []
+    for bad in ("gpu_melt:1@2", "rank_killed:1", "node_lost:x@3"):
+        with pytest.raises(ConfigError, match="--eft-inject"):
+            parse_faults(bad)
+
+
+def test_only_the_target_acts_once_and_degrades_its_gpu(tmp_path):
+    faults = parse_faults("gpu_degrade:3@5")
+    bystander = FaultInjector(faults, str(tmp_path), rank=2, local_rank=0, group_rank=1)
+    target = FaultInjector(faults, str(tmp_path), rank=3, local_rank=1, group_rank=1)
+    source = InjectedGpuSource("node1", 2, tmp_path)
+    model = RiskModel(RiskConfig())
+    assert not any(s.triggered for s in model.update(source.read()))
+    for iteration in range(1, 8):
+        bystander.after_iteration(iteration)
+        target.after_iteration(iteration)
+    assert (tmp_path / DEGRADE_MARKER).read_text() == "1" and source.degraded_gpu() == 1
+    scores = model.update(source.read())
+    assert [s.triggered for s in scores] == [False, True] and scores[1].score == 1.0
+    (tmp_path / DEGRADE_MARKER).unlink()
+    target.after_iteration(5)  # a re-done iteration after a restart does not fire again
+    assert not (tmp_path / DEGRADE_MARKER).exists()
+
+
+def test_nothing_fires_outside_eft_run():
+    FaultInjector(parse_faults("rank_killed:0@1"), None, 0, 0, 0).after_iteration(1)  # still alive
