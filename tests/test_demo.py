@@ -92,3 +92,16 @@ def test_a_node_that_comes_back_is_admitted_at_the_larger_layout(demo, reference
     assert resumed == max(s for s in saves if s <= resumed)  # from the latest checkpoint
     assert facts["final_iteration"] == ITERS
     assert_same_losses(result, reference)
+
+
+def test_readme_quick_start_runs_the_demo(tmp_path):
+    readme = (EXAMPLE.parents[1] / "README.md").read_text()
+    line = next(l for l in readme.splitlines() if l.startswith("bash .ci/setup && "))
+    command = line.split("&& ", 1)[1].split()
+    assert command == ["bash", "examples/gpt3/run_demo.sh"]
+    import subprocess
+
+    done = subprocess.run([*command, "--out", str(tmp_path)], cwd=EXAMPLE.parents[1],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "emergency checkpoint" in done.stdout and "finished iteration 24/24" in done.stdout

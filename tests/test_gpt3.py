@@ -14,7 +14,6 @@ import importlib.util
 import os
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import psutil
@@ -284,19 +283,3 @@ def test_eft_run_saves_on_the_switch_and_replans_on_restart(tmp_path, reference)
     assert load["iteration"] == 3 and layout_of(load["saved_layout"]) == first
     assert {layout_of(r) for r in events(records, "iteration")} == {(1, 1, 1, 1)}
     assert_same_losses(losses(records), ref, range(4, ITERS + 1))
-
-
-@pytest.mark.slow
-def test_readme_quick_start_trains_and_resumes(tmp_path):
-    readme = (ROOT / "README.md").read_text()
-    line = next(l for l in readme.splitlines() if l.startswith("bash .ci/setup && eft-run"))
-    command = line.split("&& ", 1)[1].split()
-    command = [str(ROOT / a) if a.startswith("examples/") else a for a in command]
-    command[0:1] = eft_run()
-    first = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr[-2000:]
-    assert (tmp_path / "gpt-ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "50"
-    again = [*command[: command.index("--train-iters") + 1], "55", *command[command.index("--train-iters") + 2:]]
-    second = subprocess.run(again, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0, second.stderr[-2000:]
-    assert "iteration     51/55" in second.stdout and "iteration      1/" not in second.stdout
