@@ -17,10 +17,13 @@ log = logging.getLogger(__name__)
 
 
 class EventLog:
-    def __init__(self, client: EtcdClient, keys: RunKeys, source: str):
+    def __init__(self, client: EtcdClient, keys: RunKeys, source: str, notifier=None):
         self._client = client
         self._keys = keys
         self._source = source
+        # An elasticft.notify.Notifier: every recorded event is also offered to it (it
+        # picks the kinds worth a notification); how events are stored does not change.
+        self.notifier = notifier
 
     def record(self, kind: str, **fields) -> None:
         """Append one event; a failure is logged, never raised (events are advisory)."""
@@ -31,6 +34,8 @@ class EventLog:
             self._client.put(self._keys.event(name), json.dumps(event))
         except StoreError as exc:
             log.warning("could not record event %s: %s", kind, exc)
+        if self.notifier is not None:
+            self.notifier.send(event)
 
     def read(self, limit: int | None = None) -> list[dict]:
         """The events, oldest first (the newest ``limit`` when given)."""

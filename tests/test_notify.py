@@ -1,0 +1,152 @@
+"""Notifications: sink syntax, real deliveries (HTTP, command, file), rate limit, EventLog hook."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from elasticft.config import ConfigError, NotifyConfig
+from elasticft.events import EventLog
+from elasticft.notify import Notifier, RateLimiter, Sink, parse_sinks, should_notify, summary_line
+from elasticft.store import RunKeys
+
+
+def test_parse_sinks_single_and_json_list():
+    assert parse_sinks("") == []
+    assert parse_sinks("file:/tmp/a.jsonl") == [Sink("file", "/tmp/a.jsonl")]
+    # A single command keeps everything after the first colon, separators included.
+    assert parse_sinks("command:jq .kind; echo a,b") == [Sink("command", "jq .kind; echo a,b")]
+    sinks = parse_sinks('["webhook:https://h.example/x?a=1,2", "command:cat >> /tmp/o", "file:/tmp/f"]')
+    assert sinks == [Sink("webhook", "https://h.example/x?a=1,2"), Sink("command", "cat >> /tmp/o"), Sink("file", "/tmp/f")]
+
+
+@pytest.mark.parametrize("spec", ["mail:ops", "file:", "webhook:ftp://x", "[1, 2]", "[not json", "nocolon"])
+def test_parse_sinks_rejects_malformed(spec):
+    with pytest.raises(ConfigError, match="--eft-notify"):
+        parse_sinks(spec)
+    with pytest.raises(ConfigError):
+        NotifyConfig(notify=spec)
+
+
+def test_webhook_sink_names_no_secret():
+    assert "T000" not in str(Sink("webhook", "https://hooks.slack.com/services/T000/B000/XXXX"))
+
+
+def test_which_events_are_notified():
+    assert should_notify({"kind": "node_lost"})
+    assert should_notify({"kind": "ckpt_request", "reason": "risk"})
+    assert not should_notify({"kind": "ckpt_request", "reason": "manual"})
+    assert not should_notify({"kind": "node_joined"})
+    assert not should_notify({"kind": "ckpt_request_joined"})
+
+
+def test_summary_lines():
+    assert "lost node(s) n1, n2" in summary_line({"kind": "node_lost", "source": "n0", "nodes": ["n1", "n2"]})
+    assert "TP2 x PP1 x DP4" in summary_line({"kind": "layout", "source": "n0", "tp": 2, "pp": 1, "dp": 4,
+                                              "used": 8, "world_size": 8})
+    line = summary_line({"kind": "watchdog", "source": "n0", "check": "cpu_memory", "target": "host",
+                         "message": "97% used", "suppressed": 3})
+    assert "cpu_memory" in line and "+3 more watchdog" in line
+
+
+def test_rate_limiter_counts_and_reports_the_suppressed():
+    limiter = RateLimiter(2, 10.0)
+    assert limiter.admit("a", 0.0) == 0
+    assert limiter.admit("a", 1.0) == 0
+    assert limiter.admit("a", 2.0) is None
+    assert limiter.admit("a", 3.0) is None
+    assert limiter.admit("b", 3.0) == 0  # per kind
+    assert limiter.admit("a", 10.5) == 2  # the first one left the window: it says what was held back
+    assert limiter.admit("a", 10.6) is None
+    assert RateLimiter(0, 1.0).admit("a", 0.0) == 0  # 0: no limit
+
+
+class _Hook(BaseHTTPRequestHandler):
+    received: list = []
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.received.append((self.path, self.headers["Content-Type"], json.loads(body)))
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def webhook_server():
+    _Hook.received = []
+    server = HTTPServer(("127.0.0.1", 0), _Hook)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", _Hook.received
+    server.shutdown()
+    server.server_close()
+
+
+def test_all_sinks_deliver(webhook_server, tmp_path):
+    url, received = webhook_server
+    stdin_copy = tmp_path / "stdin.jsonl"
+    events_file = tmp_path / "events.jsonl"
+    sinks = parse_sinks(json.dumps([f"webhook:{url}/hook", f"command:cat >> {stdin_copy}", f"file:{events_file}"]))
+    notifier = Notifier(sinks, rate_limit=5, window=60, run="r1")
+    event = {"kind": "node_lost", "time": 1.0, "source": "n0", "nodes": ["n3"], "restarts": 1}
+    assert notifier.send(event)
+    assert not notifier.send({"kind": "node_joined", "source": "n0"})
+    notifier.flush()
+    notifier.close()
+
+    (path, content_type, body), = received
+    assert path == "/hook" and content_type == "application/json"
+    assert body["event"] == {**event, "run": "r1"}
+    assert body["text"].startswith("[eft r1/n0] lost node(s) n3")
+    assert json.loads(stdin_copy.read_text()) == {**event, "run": "r1"}
+    assert [json.loads(line) for line in events_file.read_text().splitlines()] == [{**event, "run": "r1"}]
+
+
+def test_rate_limit_summarises_in_the_next_and_at_close(tmp_path):
+    out = tmp_path / "n.jsonl"
+    now = [0.0]
+    notifier = Notifier([Sink("file", str(out))], rate_limit=2, window=60, clock=lambda: now[0])
+    sent = [notifier.send({"kind": "watchdog", "source": "n0", "i": i}) for i in range(5)]
+    assert sent == [True, True, False, False, False]
+    now[0] = 61.0
+    assert [notifier.send({"kind": "watchdog", "source": "n0", "i": i}) for i in (5, 6, 7, 8)] == [True, True, False, False]
+    notifier.close()
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [e.get("i") for e in lines] == [0, 1, 5, 6, None]
+    assert lines[2]["suppressed"] == 3 and "suppressed" not in lines[3]
+    assert lines[-1]["kind"] == "notify_suppressed" and lines[-1]["counts"] == {"watchdog": 2}
+
+
+def test_failures_are_logged_once_and_never_raised(tmp_path, caplog):
+    bad = [Sink("webhook", "http://127.0.0.1:9/nothing-listens"), Sink("command", "exit 3"),
+           Sink("file", str(tmp_path / "no-such-dir" / "x.jsonl"))]
+    good = tmp_path / "good.jsonl"
+    notifier = Notifier([*bad, Sink("file", str(good))], rate_limit=0, timeout=2)
+    with caplog.at_level("WARNING", logger="elasticft.notify"):
+        for i in range(3):
+            assert notifier.send({"kind": "layout", "source": "n0", "i": i})
+        notifier.flush()
+    notifier.close()
+    failures = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failures) == 3  # one per failing sink, not per event
+    assert len(good.read_text().splitlines()) == 3  # a failing sink does not stop the others
+
+
+def test_event_log_notifies_recorded_events(etcd, tmp_path):
+    out = tmp_path / "n.jsonl"
+    notifier = Notifier([Sink("file", str(out))], rate_limit=0)
+    keys = RunKeys("notify-hook")
+    events = EventLog(etcd, keys, "n0", notifier=notifier)
+    events.record("node_joined", host="h")
+    events.record("ckpt_request", reason="risk", requester="n0/gpu1", risk=0.97)
+    events.record("ckpt_request", reason="manual", requester="cli")
+    events.record("job_finished")
+    notifier.close()
+    assert [e["kind"] for e in EventLog(etcd, keys, "x").read()] == ["node_joined", "ckpt_request", "ckpt_request", "job_finished"]
+    notified = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(e["kind"], e.get("reason")) for e in notified] == [("ckpt_request", "risk"), ("job_finished", None)]
