@@ -267,3 +267,54 @@ class CheckpointConfig:
             except KeyError:
                 raise ConfigError(f"{flag_name('exit_signals')}: unknown signal {name!r}") from None
         return out
+
+
+@dataclass
+class WatchdogConfig:
+    """The agent's host watchdogs: checkpoint storage and CPU memory."""
+
+    watch_dirs: str = knob(
+        "", "checkpoint directories whose free space and inodes are checked, comma-separated (empty: off)"
+    )
+    watch_keep: int = knob(
+        2, "the free space and inodes each watched directory must have, in checkpoints the size of its newest"
+    )
+    mem_threshold: float = knob(
+        95.0, "host memory use (percent) at which the job saves and exits before the OOM killer acts (0: off)"
+    )
+    watch_interval: float = knob(30.0, "seconds between two watchdog checks")
+
+    def __post_init__(self) -> None:
+        if self.watch_keep < 1:
+            raise ConfigError(f"{flag_name('watch_keep')}: expected >= 1, got {self.watch_keep}")
+        if not 0 <= self.mem_threshold <= 100:
+            raise ConfigError(f"{flag_name('mem_threshold')}: expected a percentage in [0, 100], got {self.mem_threshold}")
+        if not self.watch_interval >= 0.5:
+            raise ConfigError(f"{flag_name('watch_interval')}: expected seconds >= 0.5, got {self.watch_interval}")
+
+    def dirs(self) -> list[str]:
+        return [d.strip() for d in self.watch_dirs.split(",") if d.strip()]
+
+
+@dataclass
+class NotifyConfig:
+    """Notifications of the run's notable events (see elasticft/notify.py)."""
+
+    notify: str = knob(
+        "", "where to send notifications: KIND:TARGET or a JSON list of them; kinds webhook:URL, "
+        "command:SHELL COMMAND (event JSON on stdin), file:PATH (JSON lines)"
+    )
+    notify_rate_limit: int = knob(5, "at most this many notifications of one event kind per window (0: no limit)")
+    notify_window: float = knob(300.0, "seconds of the notification rate limit's window")
+
+    def __post_init__(self) -> None:
+        if self.notify_rate_limit < 0:
+            raise ConfigError(f"{flag_name('notify_rate_limit')}: expected >= 0, got {self.notify_rate_limit}")
+        if not self.notify_window > 0:
+            raise ConfigError(f"{flag_name('notify_window')}: expected seconds > 0, got {self.notify_window}")
+        self.sinks()  # validates the spec
+
+    def sinks(self):
+        from .notify import parse_sinks
+
+        return parse_sinks(self.notify)
