@@ -23,7 +23,7 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch.distributed.elastic.agent.server.api import (
     _TERMINAL_STATE_SYNC_ID,
@@ -38,11 +38,13 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from .ckpt_agent import CheckpointCoordinator
 from .events import EventLog
 from .inject import InjectedGpuSource, parse_faults
-from .config import CheckpointConfig, FTConfig, HealthConfig, PlannerConfig, RiskConfig
+from .config import CheckpointConfig, FTConfig, HealthConfig, NotifyConfig, PlannerConfig, RiskConfig, WatchdogConfig
 from .health import EtcdHealthPublisher, HealthSampler, RiskModel, RiskScore, make_source
 from .membership import Membership, NodeLease, NodeRecord, default_node_id
+from .notify import Notifier
 from .replan import RoundPlanner, layout_record
 from .store import RunKeys, StoreOptions, connect
+from .watchdogs import Trip, Watchdogs
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,8 @@ class AgentOptions:
     planner: PlannerConfig
     ckpt: CheckpointConfig
     etcd: EtcdTarget | None
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
 
 
 class FTElasticAgent(LocalElasticAgent):
@@ -78,6 +82,8 @@ class FTElasticAgent(LocalElasticAgent):
         self._membership: Membership | None = None
         self._events: EventLog | None = None
         self._sampler: HealthSampler | None = None
+        self._notifier: Notifier | None = None
+        self._watchdogs: Watchdogs | None = None
         self._planner = RoundPlanner.for_worker(spec.args, options.planner)
         self._ckpt = CheckpointCoordinator(options.ckpt, self._signal_workers)
         # How workers are stopped for a restart: torch's SIGTERM, except after a lost
@@ -91,6 +97,7 @@ class FTElasticAgent(LocalElasticAgent):
 
     def run(self, role: str = "default") -> RunResult:
         clean = False
+        stopped_by = None
         try:
             self._join_membership()
             # Workers inherit the agent's environment (torch copies os.environ).
@@ -99,15 +106,55 @@ class FTElasticAgent(LocalElasticAgent):
                 os.environ["EFT_INJECT"] = self._ft.inject
             if self._client is not None:
                 node_id = self._node_lease.record.node_id
-                self._ckpt.connect(self._client, self._etcd.keys, node_id)
+                self._start_notifier()
+                self._ckpt.connect(self._client, self._etcd.keys, node_id, self._notifier)
                 self._start_health_sampler(node_id)
+                self._start_watchdogs(node_id)
             self._ckpt.forward_exit_signals()
             result = super().run(role)
             clean = not result.is_failed()
             return result
+        except BaseException as exc:
+            stopped_by = type(exc).__name__
+            raise
         finally:
+            if self._watchdogs is not None:
+                self._watchdogs.stop()
+            self._record_job_end(clean, stopped_by)
             self._ckpt.close()
             self._leave_membership(clean)
+            if self._notifier is not None:
+                self._notifier.close(timeout=10.0)
+
+    def _start_notifier(self) -> None:
+        sinks = self._options.notify.sinks()
+        if not sinks:
+            return
+        notify = self._options.notify
+        self._notifier = Notifier(sinks, notify.notify_rate_limit, notify.notify_window, run=self._etcd.keys.run_id)
+        self._events.notifier = self._notifier
+
+    def _start_watchdogs(self, node_id: str) -> None:
+        dogs = Watchdogs(
+            self._options.watchdog,
+            self._events.record,
+            lambda trip: self._ckpt.request_for_watchdog(f"{node_id}/{trip.check}", trip.message),
+        )
+        if dogs.enabled:
+            self._watchdogs = dogs.start()
+
+    def _record_job_end(self, clean: bool, stopped_by: str | None) -> None:
+        """The job's end: by the rank-0 node when it succeeded, by every node that failed.
+
+        ``stopped_by``: the exception that ended the agent (SignalException for SIGTERM).
+        """
+        if self._events is None:
+            return
+        if clean:
+            if self._worker_group.group_rank in (0, None):
+                self._events.record("job_finished")
+        else:
+            self._events.record("job_failed", state=self._worker_group.state.name, stopped_by=stopped_by)
 
     def _signal_workers(self, signum: int) -> None:
         pcontext = self._pcontext

@@ -52,11 +52,12 @@ class CheckpointRequest:
 class CheckpointProtocol:
     """The etcd side: request, acknowledge, report. One per agent or CLI call."""
 
-    def __init__(self, client: EtcdClient, keys: RunKeys, source: str, request_timeout: float = 300.0):
+    def __init__(self, client: EtcdClient, keys: RunKeys, source: str, request_timeout: float = 300.0,
+                 notifier=None):
         self._client = client
         self._keys = keys
         self._timeout = request_timeout
-        self.events = EventLog(client, keys, source)
+        self.events = EventLog(client, keys, source, notifier=notifier)
 
     def current(self) -> CheckpointRequest | None:
         found = self._client.get(self._keys.ckpt_request)

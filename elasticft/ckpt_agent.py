@@ -66,8 +66,8 @@ class CheckpointCoordinator:
         client.create(keys.started, str(now))
         return float(client.get(keys.started).value)
 
-    def connect(self, client: EtcdClient, keys: RunKeys, node_id: str) -> None:
-        self.protocol = CheckpointProtocol(client, keys, node_id, self.config.ckpt_request_timeout)
+    def connect(self, client: EtcdClient, keys: RunKeys, node_id: str, notifier=None) -> None:
+        self.protocol = CheckpointProtocol(client, keys, node_id, self.config.ckpt_request_timeout, notifier)
         self._relay = CheckpointRelay(client, keys, self.protocol, self.run_dir, self._on_request).start()
 
     def before_workers_start(self) -> None:
@@ -85,6 +85,12 @@ class CheckpointCoordinator:
             request, created = self.protocol.request("risk", requester, risk=risk)
             log.warning("%s emergency checkpoint request %s (risk %.2f)",
                         "made" if created else "joined", request.id, risk)
+
+    def request_for_watchdog(self, requester: str, why: str) -> None:
+        """A watchdog (e.g. host memory about to run out) asks the job to save and exit."""
+        if self.protocol is not None:
+            request, created = self.protocol.request("watchdog", requester, exit=True)
+            log.warning("%s save-and-exit request %s: %s", "made" if created else "joined", request.id, why)
 
     def forward_exit_signals(self) -> None:
         """Exit signals torch does not handle go to the workers, who save and exit."""

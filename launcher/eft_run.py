@@ -38,8 +38,10 @@ from elasticft.config import (
     ConfigError,
     FTConfig,
     HealthConfig,
+    NotifyConfig,
     PlannerConfig,
     RiskConfig,
+    WatchdogConfig,
     add_arguments,
     from_args,
 )
@@ -69,6 +71,8 @@ def build_parser():
     add_arguments(parser, RiskConfig, "eft risk score")
     add_arguments(parser, PlannerConfig, "eft parallelism planner")
     add_arguments(parser, CheckpointConfig, "eft checkpoints, switches and preemption")
+    add_arguments(parser, WatchdogConfig, "eft watchdogs (checkpoint storage, host memory)")
+    add_arguments(parser, NotifyConfig, "eft notifications")
     return parser
 
 
@@ -173,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
             planner=from_args(PlannerConfig, args),
             ckpt=from_args(CheckpointConfig, args),
             etcd=None,
+            watchdog=from_args(WatchdogConfig, args),
+            notify=from_args(NotifyConfig, args),
         )
         parse_faults(options.ft.inject)  # a malformed --eft-inject fails here, in one line
         if options.ckpt.kill_switch and os.path.exists(options.ckpt.kill_switch):
