@@ -230,7 +230,7 @@ class Notifier:
                     response.read()
             elif sink.kind == "command":
                 done = subprocess.run(
-                    sink.target, shell=True, input=json.dumps(payload).encode(), timeout=max(self.timeout, 30.0),
+                    sink.target, shell=True, input=(json.dumps(payload) + "\n").encode(), timeout=max(self.timeout, 30.0),
                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                 )
                 if done.returncode != 0:

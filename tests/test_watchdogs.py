@@ -1,5 +1,6 @@
 """Watchdogs: pure decisions, a real checkpoint directory, and a save-and-exit through etcd."""
 
+import json
 import os
 
 import pytest
@@ -183,3 +184,28 @@ def test_thread_starts_and_stops(tmp_path):
     dogs.start()
     dogs.stop()  # the stop event wakes the wait: returns at once
     assert not dogs._thread.is_alive()
+
+
+@pytest.mark.slow
+def test_eft_run_memory_watchdog_saves_exits_and_notifies(tmp_path):
+    """End to end: a memory limit the host is always above makes the job save, exit 0 and say so."""
+    from tests.launch import WORKERS, Launched, eft_run
+
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    out.mkdir()
+    sinks = json.dumps([f"file:{tmp_path / 'notify.jsonl'}", f"command:cat >> {tmp_path / 'stdin.jsonl'}"])
+    job = Launched([*eft_run(), "--standalone", "--nproc-per-node", "2", "--eft-mem-threshold", "0.01",
+                    "--eft-watch-interval", "0.5", "--eft-watch-dirs", str(ckpt), "--eft-notify", sinks,
+                    str(WORKERS / "toy_train.py"), str(out), "--ckpt", str(ckpt), "--iters", "100000",
+                    "--save-interval", "0"], tmp_path / "eft-run.log")
+    try:
+        assert job.wait(90) == 0, job.output()
+    finally:
+        job.stop()
+    notified = [json.loads(line) for line in (tmp_path / "notify.jsonl").read_text().splitlines()]
+    kinds = [e["kind"] for e in notified]
+    assert kinds[0] == "watchdog" and notified[0]["check"] == "cpu_memory"
+    saved, = [e for e in notified if e["kind"] == "ckpt_saved"]
+    assert saved["exit"] and (ckpt / f"iter_{saved['iteration']:07d}").is_dir()
+    assert "job_finished" in kinds
+    assert [json.loads(line) for line in (tmp_path / "stdin.jsonl").read_text().splitlines()] == notified
