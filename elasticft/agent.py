@@ -44,7 +44,7 @@ from .membership import Membership, NodeLease, NodeRecord, default_node_id
 from .notify import Notifier
 from .replan import RoundPlanner, layout_record
 from .store import RunKeys, StoreOptions, connect
-from .watchdogs import Trip, Watchdogs
+from .watchdogs import Watchdogs
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,6 @@
 """Watchdogs: pure decisions, a real checkpoint directory, and a save-and-exit through etcd."""
 
 import json
-import os
 
 import pytest
 
