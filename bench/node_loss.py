@@ -23,7 +23,7 @@ import psutil
 from common import table
 
 from elasticft.store import EmbeddedEtcd, free_port
-from tests.launch import WORKERS, Launched, eft_run, generation, torchrun, wait_for
+from tests.launch import WORKERS, Launched, agent_of, eft_run, generation, torchrun, wait_for
 
 
 def trial(launcher: list[str], backend: str, endpoint: str, extra: list[str], work: Path) -> tuple[float, float]:
@@ -38,7 +38,7 @@ def trial(launcher: list[str], backend: str, endpoint: str, extra: list[str], wo
         # Neither rank 0 nor the agent hosting c10d's rendezvous store (whichever agent
         # bound the endpoint's port first): torchrun cannot survive losing those.
         port = int(endpoint.rsplit(":", 1)[1])
-        agents = {_parent(r["pid"]): r["group_rank"] for r in first}
+        agents = {agent_of(r["pid"]): r["group_rank"] for r in first}
         victim = next(n for n in nodes if agents.get(n.proc.pid) != 0 and not _listens_on(n.proc.pid, port))
         killed = time.time()
         victim.kill_node()
@@ -55,11 +55,6 @@ def trial(launcher: list[str], backend: str, endpoint: str, extra: list[str], wo
 
 def _listens_on(pid: int, port: int) -> bool:
     return any(c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in psutil.Process(pid).net_connections())
-
-
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
 def main() -> None:

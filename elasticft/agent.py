@@ -18,7 +18,6 @@ the agent behaves exactly like torchrun's.
 from __future__ import annotations
 
 import logging
-import json
 import os
 import signal
 import socket
@@ -228,9 +227,7 @@ class FTElasticAgent(LocalElasticAgent):
             # No model to plan for: still tell `eft top` what this round looks like.
             self._rounds += 1
             world = worker_group.workers[0].world_size if worker_group.workers else 0
-            self._client.put(self._etcd.keys.layout, json.dumps(
-                {"world_size": world, "tp": None, "pp": None, "dp": None, "used": world, "spare": [],
-                 "spare_nodes": [], "round": self._rounds, "reason": "no Megatron model arguments: not planned"}))
+            self._client.put(self._etcd.keys.layout, layout_record(None, self._rounds, world))
         log.info(
             "rendezvous complete: node rank %s of %s, world size %s",
             worker_group.group_rank,

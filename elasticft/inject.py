@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .config import ConfigError, flag_name
 from .health.sample import GpuSample
+from .worker.atomic import write_atomically
 
 KINDS = ("gpu_degrade", "rank_killed", "rank_hung", "node_lost")
 _SPEC = re.compile(r"^(?P<kind>[a-z_]+):(?P<target>\d+)@(?P<iteration>\d+)$")
@@ -96,9 +97,7 @@ class FaultInjector:
             getattr(self, "_" + fault.kind)()
 
     def _gpu_degrade(self) -> None:
-        tmp = self._run_dir / (DEGRADE_MARKER + ".tmp")
-        tmp.write_text(str(self._local_rank))
-        os.replace(tmp, self._run_dir / DEGRADE_MARKER)
+        write_atomically(self._run_dir / DEGRADE_MARKER, str(self._local_rank))
 
     @staticmethod
     def _rank_killed() -> None:

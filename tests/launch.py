@@ -79,6 +79,11 @@ class Launched:
         self._log.close()
 
 
+def agent_of(worker_pid: int) -> int:
+    """The pid of the launcher (agent) that started worker ``worker_pid``."""
+    return psutil.Process(worker_pid).ppid()
+
+
 def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
     """Return condition()'s first truthy value, or fail naming ``what``."""
     deadline = time.monotonic() + timeout

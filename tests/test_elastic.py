@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from tests.launch import WORKERS, Launched, eft_run, generation, read_jsonl, wait_for
+from tests.launch import WORKERS, Launched, agent_of, eft_run, generation, read_jsonl, wait_for
 
 LEASE_TTL = 3.0
 
@@ -26,7 +26,7 @@ def test_killed_node_is_replaced_by_a_smaller_world_within_lease_ttl(tmp_path, e
         first = wait_for(lambda: generation(starts, 3), 120, "3 workers in a world of 3")
         # Kill the rank-0 node: it also hosts the workers' store, the hardest case.
         victim_pid = next(r["pid"] for r in first if r["group_rank"] == 0)
-        victim = next(n for n in nodes if _is_parent_of(n.proc.pid, victim_pid))
+        victim = next(n for n in nodes if n.proc.pid == agent_of(victim_pid))
         killed_at = time.time()
         victim.kill_node()
         second = wait_for(lambda: generation(starts, 2, after=killed_at), 60, "the survivors at world size 2")
@@ -63,10 +63,3 @@ def test_new_node_is_admitted_at_the_next_round(tmp_path, etcd_server):
         for node in nodes:
             node.stop()
 
-
-def _is_parent_of(parent: int, child: int) -> bool:
-    try:
-        with open(f"/proc/{child}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1]) == parent
-    except OSError:
-        return False

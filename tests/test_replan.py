@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from elasticft.store import RunKeys
-from tests.launch import WORKERS, Launched, eft_run, generation, read_jsonl, wait_for
+from tests.launch import WORKERS, Launched, agent_of, eft_run, generation, read_jsonl, wait_for
 
 MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
          "--global-batch-size", "8", "--micro-batch-size", "1"]
@@ -42,7 +42,7 @@ def test_survivor_restarts_with_a_layout_legal_for_two_gpus(tmp_path, etcd_serve
         layout = json.loads(etcd.get(keys.layout).value)
         assert (layout["tp"], layout["pp"], layout["dp"], layout["used"]) == (tp, pp, dp, 4)
 
-        victim = next(n for n in nodes if n.proc.pid != _agent_of(first, group_rank=0))
+        victim = next(n for n in nodes if n.proc.pid != agent_of(next(r["pid"] for r in first if r["group_rank"] == 0)))
         killed_at = time.time()
         victim.kill_node()
         second = wait_for(lambda: generation(starts, 2, after=killed_at), 60, "the survivor at world size 2")
@@ -60,12 +60,6 @@ def test_survivor_restarts_with_a_layout_legal_for_two_gpus(tmp_path, etcd_serve
     finally:
         for node in nodes:
             node.stop()
-
-
-def _agent_of(records: list[dict], group_rank: int) -> int:
-    pid = next(r["pid"] for r in records if r["group_rank"] == group_rank)
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
 @pytest.mark.slow
