@@ -283,12 +283,22 @@ class WatchdogConfig:
         95.0, "host memory use (percent) at which the job saves and exits before the OOM killer acts (0: off)"
     )
     watch_interval: float = knob(30.0, "seconds between two watchdog checks")
+    gpu_mem_headroom: float = knob(
+        2.0, "free GPU memory (percent of total) below which a GPU trips the watchdog and the job saves (0: off)"
+    )
+    silence_limit: float = knob(
+        0.0, "seconds without a heartbeat or a log line from any local worker after which the watchdog trips (0: off)"
+    )
 
     def __post_init__(self) -> None:
         if self.watch_keep < 1:
             raise ConfigError(f"{flag_name('watch_keep')}: expected >= 1, got {self.watch_keep}")
         if not 0 <= self.mem_threshold <= 100:
             raise ConfigError(f"{flag_name('mem_threshold')}: expected a percentage in [0, 100], got {self.mem_threshold}")
+        if not 0 <= self.gpu_mem_headroom < 100:
+            raise ConfigError(f"{flag_name('gpu_mem_headroom')}: expected a percentage in [0, 100), got {self.gpu_mem_headroom}")
+        if self.silence_limit < 0:
+            raise ConfigError(f"{flag_name('silence_limit')}: expected seconds >= 0, got {self.silence_limit}")
         if not self.watch_interval >= 0.5:
             raise ConfigError(f"{flag_name('watch_interval')}: expected seconds >= 0.5, got {self.watch_interval}")
 
@@ -318,3 +328,89 @@ class NotifyConfig:
         from .notify import parse_sinks
 
         return parse_sinks(self.notify)
+
+
+DEFAULT_TIMEOUTS = {"setup": 600.0, "step": 180.0, "checkpointing": 420.0, "other": 300.0}
+
+
+@dataclass
+class HangConfig:
+    """Section timeouts: a rank that stays too long in one section is hung (docs/hangs.md)."""
+
+    timeouts: str = knob(
+        ",".join(f"{name}={seconds:g}" for name, seconds in DEFAULT_TIMEOUTS.items()),
+        "seconds a rank may stay in one section before it counts as hung, SECTION=SECONDS,... "
+        "(sections setup, step, checkpointing, other; 0: no limit)",
+    )
+    auto_timeouts: bool = knob(
+        False,
+        "learn the section timeouts from observed durations (longest seen x --eft-timeout-factor) "
+        "and keep them in etcd and the checkpoint directory for the next run",
+    )
+    timeout_factor: float = knob(5.0, "safety factor on the longest observed section for --eft-auto-timeouts")
+    stack_signal: str = knob(
+        "SIGUSR2", "signal that makes a worker print its Python stacks (faulthandler) when py-spy is not installed"
+    )
+
+    def __post_init__(self) -> None:
+        if not self.timeout_factor >= 1:
+            raise ConfigError(f"{flag_name('timeout_factor')}: expected a factor >= 1, got {self.timeout_factor}")
+        self.section_timeouts()  # validates the spec
+        self.stack_signum()
+
+    def section_timeouts(self) -> dict[str, float]:
+        """``--eft-timeouts`` as section -> seconds; sections it does not name keep their default."""
+        from .worker.progress import SECTIONS
+
+        out = dict(DEFAULT_TIMEOUTS)
+        for item in filter(None, (part.strip() for part in self.timeouts.split(","))):
+            name, eq, value = item.partition("=")
+            name = name.strip()
+            try:
+                seconds = float(value) if eq else -1.0
+            except ValueError:
+                seconds = -1.0
+            if name not in SECTIONS or not seconds >= 0:
+                raise ConfigError(
+                    f"{flag_name('timeouts')}: expected SECTION=SECONDS with SECTION one of "
+                    f"{', '.join(SECTIONS)} and SECONDS >= 0, got {item!r}"
+                )
+            out[name] = seconds
+        return out
+
+    def stack_signum(self) -> int:
+        import signal as _signal
+
+        name = self.stack_signal.strip().upper()
+        try:
+            return int(_signal.Signals[name if name.startswith("SIG") else "SIG" + name])
+        except KeyError:
+            raise ConfigError(f"{flag_name('stack_signal')}: unknown signal {self.stack_signal!r}") from None
+
+
+@dataclass
+class StragglerConfig:
+    """Straggler detection from the ranks' step times (docs/hangs.md)."""
+
+    straggler_interval: float = knob(300.0, "seconds between two straggler checks across all ranks (0: off)")
+    straggler_relative: float = knob(
+        0.7, "a rank is a straggler below this relative score (the job's median step time / its own)"
+    )
+    straggler_individual: float = knob(
+        0.7, "a rank is a straggler below this individual score (its own best step time / its current)"
+    )
+    straggler_action: str = knob(
+        "report", "report: an event and the GPU's straggler risk factor; exclude: also leave the node out "
+        "at the next restart"
+    )
+
+    def __post_init__(self) -> None:
+        if self.straggler_interval < 0:
+            raise ConfigError(f"{flag_name('straggler_interval')}: expected seconds >= 0, got {self.straggler_interval}")
+        for name in ("straggler_relative", "straggler_individual"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ConfigError(f"{flag_name(name)}: expected a score in (0, 1], got {getattr(self, name)}")
+        if self.straggler_action not in ("report", "exclude"):
+            raise ConfigError(
+                f"{flag_name('straggler_action')}: expected report or exclude, got {self.straggler_action!r}"
+            )

@@ -12,9 +12,12 @@ sees a request only after the job already saved (or dropped) it does not act on 
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import hashlib
 import logging
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -23,9 +26,10 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from elasticft.config import CheckpointConfig, convert, from_env
+from elasticft.config import CheckpointConfig, ConfigError, HangConfig, convert, from_env
 
 from .gap import gap_filter
+from .progress import ProgressWriter
 from .relay import Outbox, Request, RequestFile
 from .signals import ExitSignals
 
@@ -95,9 +99,14 @@ def vote_device(group) -> torch.device:
 class Hook:
     """Call ``step(iteration)`` on every rank every iteration, ``saved(...)`` after each save.
 
-    Inert (no action ever, no signal handlers) when ``EFT_RUN_DIR`` is unset, which is
-    how it runs under plain torchrun. Raises ``SystemExit(0)`` if the kill switch
-    exists when it is created.
+    It also keeps the rank's progress heartbeat for its agent (``progress.py``): create
+    it early (its creation starts the ``setup`` section), wrap the rank's own work in
+    ``compute()`` for straggler detection, other long phases in ``section(name)``, and
+    call ``close()`` when training is over.
+
+    Inert (no action ever, no signal handlers, no heartbeat) when ``EFT_RUN_DIR`` is
+    unset, which is how it runs under plain torchrun. Raises ``SystemExit(0)`` if the
+    kill switch exists when it is created.
     """
 
     def __init__(
@@ -127,6 +136,20 @@ class Hook:
         self._covered: set[int] = set()  # requests a save of the job covered
         self._filtered: dict[int, tuple[int, int | None]] = {}  # dropped: (iteration, last saved)
         self._remove_save_switch = False
+        self._auto_checkpointing = False
+        self.progress = ProgressWriter(self.run_dir, dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")),
+                                       dump_signal=self._register_stack_dump())
+
+    @staticmethod
+    def _register_stack_dump() -> int | None:
+        """Let the agent ask for this rank's Python stacks with a signal (hang reports)."""
+        try:
+            signum = from_env(HangConfig).stack_signum()
+        except ConfigError as exc:
+            log.warning("no stack dumps on request: %s", exc)
+            return None
+        faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=False)
+        return signum
 
     @property
     def inert(self) -> bool:
@@ -146,6 +169,7 @@ class Hook:
         """This iteration's decision, agreed by all ranks (a collective: call it on every rank)."""
         if self.inert:
             return NO_ACTION
+        self.progress.step(iteration)
         vote = [0, 0, 0, 0, 0]
         request = self._new_request()
         if request is not None:
@@ -158,7 +182,55 @@ class Hook:
             self._want(vote, "exit_duration", exit=True)
         agreed = self._vote(vote)
         self._latest = self._settle(iteration, request, vote, agreed)
+        if self._latest.save and not self._auto_checkpointing:
+            # The save the loop is about to make is timed as checkpointing; saved() ends it.
+            self._auto_checkpointing = True
+            self.progress.enter("checkpointing")
         return self._latest
+
+    # -- sections and work time --------------------------------------------------------
+
+    @contextlib.contextmanager
+    def section(self, name: str):
+        """Time the block as section ``name`` (setup, step, checkpointing or other).
+
+        Each section has its own timeout in the agent (``--eft-timeouts``); wrap a
+        save in ``section("checkpointing")`` and an evaluation in ``section("other")``
+        so that neither is held to the step timeout.
+        """
+        if self.inert:
+            yield
+            return
+        self.progress.enter(name)
+        try:
+            yield
+        finally:
+            self.progress.leave()
+
+    @contextlib.contextmanager
+    def compute(self):
+        """Count the block as this rank's own work in the step (straggler detection).
+
+        Wrap work that waits for no other rank (forward and backward without the
+        gradient all-reduce): a slow rank's peers wait for it in collectives, so their
+        wall step times all look as slow as the straggler's. On a GPU the block ends
+        with a device synchronisation so that the time is the GPU's.
+        """
+        if self.inert:
+            yield
+            return
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            if torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            self.progress.add_work(time.perf_counter() - started)
+
+    def close(self) -> None:
+        """Training is over: from now on the rank is in the ``other`` section."""
+        if not self.inert:
+            self.progress.close()
 
     def _new_request(self) -> Request | None:
         """A request this rank reads for the first time and the job has not yet dealt with."""
@@ -257,6 +329,9 @@ class Hook:
         if self.inert:
             return
         self.last_saved_iteration = iteration
+        if self._auto_checkpointing:
+            self._auto_checkpointing = False
+            self.progress.leave()
         if not self._leader:
             return
         self._outbox.send({

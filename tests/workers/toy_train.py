@@ -1,7 +1,8 @@
 """A toy training loop wired to eft's worker hook, with Megatron-style checkpoints.
 
 Usage: toy_train.py OUT --ckpt DIR --iters N [--save-interval K] [--iter-time S]
-                    [--save-delay S] [--megatron args are ignored]
+                    [--save-delay S] [--slow RANK:SECONDS] [--megatron args are ignored]
+Faults from --eft-inject (rank_hung, rank_killed, ...) fire after each iteration.
 Every rank appends JSON lines to OUT/events.jsonl: resume (the iteration it starts
 from), save (iteration, reason), exit. Rank 0 writes OUT/run.json with EFT_ENDPOINT
 and EFT_RUN_ID so a test can talk to the run. The model state is one number per rank,
@@ -9,6 +10,7 @@ the count of iterations trained, so a resume shows exactly what was lost.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -16,6 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from elasticft.inject import FaultInjector
 from elasticft.worker import CheckpointDir, Hook
 
 parser = argparse.ArgumentParser()
@@ -25,12 +28,15 @@ parser.add_argument("--iters", type=int, required=True)
 parser.add_argument("--save-interval", type=int, default=0)
 parser.add_argument("--iter-time", type=float, default=0.05)
 parser.add_argument("--save-delay", type=float, default=0.0, help="rank 0 stalls this long mid-save")
+parser.add_argument("--slow", default="", help="RANK:SECONDS: that rank's work takes this much longer per step")
 parser.add_argument("--exit-signal-handler", action="store_true",
                     help="no eft hook: save and exit on SIGTERM, as Megatron-LM's flag of that name does")
 args, _ = parser.parse_known_args()
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
+slow_rank, _, slow_seconds = args.slow.partition(":")
+extra_time = float(slow_seconds) if args.slow and int(slow_rank) == rank else 0.0
 
 
 def record(event: str, **fields) -> None:
@@ -65,13 +71,24 @@ if args.exit_signal_handler:
         def saved(self, *_):
             pass
 
+        def section(self, _name):
+            return contextlib.nullcontext()
+
+        def compute(self):
+            return contextlib.nullcontext()
+
+        def close(self):
+            pass
+
     hook = MegatronStyle()
 else:
     hook = Hook(save_interval=args.save_interval or None, last_saved_iteration=resumed)
 record("resume", iteration=iteration, pid=os.getpid())
+injector = FaultInjector.from_env()
 
 while iteration < args.iters:
-    time.sleep(args.iter_time)
+    with hook.compute():
+        time.sleep(args.iter_time + extra_time)
     trained += 1
     dist.all_reduce(torch.zeros(1))  # a collective per step, like real training
     iteration += 1
@@ -80,18 +97,21 @@ while iteration < args.iters:
     periodic = args.save_interval and iteration % args.save_interval == 0
     if action.save or periodic:
         started = time.time()
-        path = checkpoints.path_for(iteration)
-        torch.save({"trained": trained, "iteration": iteration}, os.path.join(path, f"rank{rank}.pt"))
-        if rank == 0 and args.save_delay:
-            time.sleep(args.save_delay)  # a slow file system: the window a crash can hit
-        dist.barrier()
-        if rank == 0:
-            checkpoints.commit(iteration)
+        with hook.section("checkpointing"):
+            path = checkpoints.path_for(iteration)
+            torch.save({"trained": trained, "iteration": iteration}, os.path.join(path, f"rank{rank}.pt"))
+            if rank == 0 and args.save_delay:
+                time.sleep(args.save_delay)  # a slow file system: the window a crash can hit
+            dist.barrier()
+            if rank == 0:
+                checkpoints.commit(iteration)
         hook.saved(iteration, str(path), time.time() - started)
         record("save", iteration=iteration, reason=action.reason or "periodic", request_id=action.request_id,
                decided=decided)
     if action.exit:
         record("exit", iteration=iteration)
         break
+    injector.after_iteration(iteration)
 
+hook.close()
 dist.destroy_process_group()

@@ -1,0 +1,203 @@
+"""Progress heartbeats: what each rank is doing, for its node agent to read locally.
+
+Every rank keeps one small JSON file, ``<run dir>/progress/<local rank>.json``, replaced
+(tmp + rename, no fsync) whenever it enters a section and at every iteration. No etcd,
+no socket: the agent reads the files of its own workers, so a job of thousands of ranks
+costs etcd nothing per step. The agent uses them for section timeouts (hang detection),
+straggler scores and the silent-worker watchdog.
+
+Sections: a rank is always in exactly one of
+
+* ``setup``: from the hook's creation to its first ``step()``;
+* ``step``: from one ``step()`` to the next (time in a nested section excluded);
+* ``checkpointing``: a save, opened by ``section("checkpointing")`` or automatically by
+  a ``step()`` that decided to save, closed by ``saved()``;
+* ``other``: ``section("other")`` (evaluation, say) and everything after ``close()``.
+
+A step's *work time* is the time spent inside ``compute()`` blocks during it. In
+synchronous training every rank's wall step time is the same (the slow rank makes the
+others wait in the next collective), so straggler scores compare work time when the loop
+marks it and fall back to the wall step time when it does not.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .atomic import write_atomically
+
+log = logging.getLogger(__name__)
+
+PROGRESS_DIR = "progress"
+SECTIONS = ("setup", "step", "checkpointing", "other")
+RECENT_STEPS = 32  # step times a record carries: enough for a median, small to rewrite
+
+
+@dataclass(frozen=True)
+class ProgressRecord:
+    """One rank's last heartbeat, as the agent reads it."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    iteration: int | None  # the last iteration ``step()`` was called for
+    section: str  # the section open now
+    since: float  # unix time it opened
+    time: float  # unix time of this heartbeat
+    longest: dict[str, float] = field(default_factory=dict)  # section -> longest completed, seconds
+    step_times: tuple[float, ...] = ()  # recent steps' work time (else wall time), oldest first
+    dump_signal: int | None = None  # the signal that makes the rank print its stacks
+
+    @classmethod
+    def from_json(cls, record: Any) -> "ProgressRecord":
+        """Raises ValueError or TypeError on a malformed record."""
+        if not isinstance(record, dict):
+            raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+        if record.get("section") not in SECTIONS:
+            raise ValueError(f"unknown section {record.get('section')!r}")
+        iteration = record.get("iteration")
+        dump = record.get("dump_signal")
+        return cls(
+            rank=int(record["rank"]),
+            local_rank=int(record["local_rank"]),
+            pid=int(record["pid"]),
+            iteration=None if iteration is None else int(iteration),
+            section=record["section"],
+            since=float(record["since"]),
+            time=float(record["time"]),
+            longest={str(k): float(v) for k, v in dict(record.get("longest") or {}).items()},
+            step_times=tuple(float(t) for t in record.get("step_times") or ()),
+            dump_signal=None if dump is None else int(dump),
+        )
+
+
+def progress_dir(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / PROGRESS_DIR
+
+
+def read_progress(run_dir: str | os.PathLike) -> dict[int, ProgressRecord]:
+    """Every readable heartbeat in ``run_dir``, by local rank (malformed files skipped)."""
+    records = {}
+    try:
+        names = os.listdir(progress_dir(run_dir))
+    except FileNotFoundError:
+        return records
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        try:
+            record = ProgressRecord.from_json(json.loads((progress_dir(run_dir) / name).read_text()))
+        except FileNotFoundError:
+            continue  # replaced between listdir and read: the next read sees it
+        except (ValueError, TypeError, KeyError) as exc:
+            log.debug("skipping heartbeat %s: %s", name, exc)
+            continue
+        records[record.local_rank] = record
+    return records
+
+
+class ProgressWriter:
+    """The rank's side: keeps the section state and rewrites the heartbeat file.
+
+    Pure bookkeeping plus one small file write per call; the hook owns the when.
+    ``clock`` is injectable so the section arithmetic can be tested without sleeping.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, rank: int, local_rank: int,
+                 dump_signal: int | None = None, clock=time.time):
+        self.path = progress_dir(run_dir) / f"{local_rank}.json"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        self.local_rank = local_rank
+        self.dump_signal = dump_signal
+        self._clock = clock
+        self.iteration: int | None = None
+        self.section = "setup"
+        self.since = clock()
+        self.longest: dict[str, float] = {}
+        self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
+        self._stack: list[tuple[str, float]] = []  # sections a nested section interrupted
+        self._nested = 0.0  # time the open step spent in nested sections
+        self._work = 0.0  # time the open step spent in compute()
+        self._worked = False
+        self.write()
+
+    def _close_current(self, now: float) -> float:
+        took = now - self.since
+        if took > self.longest.get(self.section, 0.0):
+            self.longest[self.section] = took
+        return took
+
+    def step(self, iteration: int) -> None:
+        """An iteration ended: close the open section (a step or setup) and open the next step."""
+        now = self._clock()
+        while self._stack:  # a nested section left open (an exception skipped its exit)
+            self.leave()
+        wall = self._close_current(now) - self._nested if self.section == "step" else None
+        if wall is not None:
+            self.longest["step"] = max(self.longest.get("step", 0.0), wall)
+            self.step_times.append(self._work if self._worked else wall)
+        self.iteration = iteration
+        self.section, self.since = "step", now
+        self._nested = self._work = 0.0
+        self._worked = False
+        self.write()
+
+    def enter(self, section: str) -> None:
+        """Open a nested section; ``leave()`` returns to the one it interrupted."""
+        if section not in SECTIONS:
+            raise ValueError(f"unknown section {section!r}: expected one of {', '.join(SECTIONS)}")
+        now = self._clock()
+        self._stack.append((self.section, self.since))
+        self.section, self.since = section, now
+        self.write()
+
+    def leave(self) -> None:
+        if not self._stack:
+            return
+        now = self._clock()
+        took = self._close_current(now)
+        self.section, self.since = self._stack.pop()
+        if self.section == "step":
+            self._nested += took
+        self.write()
+
+    def add_work(self, seconds: float) -> None:
+        self._work += seconds
+        self._worked = True
+
+    def close(self) -> None:
+        """Training is over: the rest of the process's life is ``other``."""
+        now = self._clock()
+        while self._stack:
+            self.leave()
+        self._close_current(now)
+        self.section, self.since = "other", now
+        self.write()
+
+    def record(self) -> dict:
+        return {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "pid": os.getpid(),
+            "iteration": self.iteration,
+            "section": self.section,
+            "since": self.since,
+            "time": self._clock(),
+            "longest": self.longest,
+            "step_times": list(self.step_times),
+            "dump_signal": self.dump_signal,
+        }
+
+    def write(self) -> None:
+        try:
+            write_atomically(self.path, json.dumps(self.record()))
+        except OSError as exc:  # a full /tmp must not stop training; the agent sees silence
+            log.debug("could not write heartbeat %s: %s", self.path, exc)
