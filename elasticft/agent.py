@@ -37,7 +37,18 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from .ckpt_agent import CheckpointCoordinator
 from .events import EventLog
 from .inject import InjectedGpuSource, parse_faults
-from .config import CheckpointConfig, FTConfig, HealthConfig, NotifyConfig, PlannerConfig, RiskConfig, WatchdogConfig
+from .auto_timeouts import SectionTimeouts
+from .config import (
+    CheckpointConfig,
+    FTConfig,
+    HangConfig,
+    HealthConfig,
+    NotifyConfig,
+    PlannerConfig,
+    RiskConfig,
+    WatchdogConfig,
+)
+from .hang_agent import HangMonitor
 from .health import EtcdHealthPublisher, HealthSampler, RiskModel, RiskScore, make_source
 from .membership import Membership, NodeLease, NodeRecord, default_node_id
 from .notify import Notifier
@@ -68,6 +79,7 @@ class AgentOptions:
     etcd: EtcdTarget | None
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
+    hang: HangConfig = field(default_factory=HangConfig)
 
 
 class FTElasticAgent(LocalElasticAgent):
@@ -83,11 +95,13 @@ class FTElasticAgent(LocalElasticAgent):
         self._sampler: HealthSampler | None = None
         self._notifier: Notifier | None = None
         self._watchdogs: Watchdogs | None = None
+        self._hangs: HangMonitor | None = None
         self._planner = RoundPlanner.for_worker(spec.args, options.planner)
         self._ckpt = CheckpointCoordinator(options.ckpt, self._signal_workers)
         # How workers are stopped for a restart: torch's SIGTERM, except after a lost
         # node, when SIGTERM would only ask workers stuck in a dead collective to save.
         self._restart_signal = signal.SIGTERM
+        self._restart_reason: str | None = None  # for the restart event; None: a worker failed
         self._rounds = 0
         self._degrade_seen = False
         self.membership_restarts = 0
@@ -101,6 +115,7 @@ class FTElasticAgent(LocalElasticAgent):
             self._join_membership()
             # Workers inherit the agent's environment (torch copies os.environ).
             os.environ.update(self._ckpt.worker_environment(self._client, self._etcd.keys if self._etcd else None))
+            os.environ["EFT_STACK_SIGNAL"] = self._options.hang.stack_signal
             if self._ft.inject:
                 os.environ["EFT_INJECT"] = self._ft.inject
             if self._client is not None:
@@ -109,6 +124,7 @@ class FTElasticAgent(LocalElasticAgent):
                 self._ckpt.connect(self._client, self._etcd.keys, node_id, self._notifier)
                 self._start_health_sampler(node_id)
                 self._start_watchdogs(node_id)
+            self._start_hang_monitor()
             self._ckpt.forward_exit_signals()
             result = super().run(role)
             clean = not result.is_failed()
@@ -119,6 +135,8 @@ class FTElasticAgent(LocalElasticAgent):
         finally:
             if self._watchdogs is not None:
                 self._watchdogs.stop()
+            if self._hangs is not None:
+                self._hangs.close()
             self._record_job_end(clean, stopped_by)
             self._ckpt.close()
             self._leave_membership(clean)
@@ -141,6 +159,13 @@ class FTElasticAgent(LocalElasticAgent):
         )
         if dogs.enabled:
             self._watchdogs = dogs.start()
+
+    def _start_hang_monitor(self) -> None:
+        """Section timeouts for the workers that keep a heartbeat (the eft hook)."""
+        timeouts = SectionTimeouts.for_worker(self._options.hang, self._worker_group.spec.args,
+                                              self._client, self._etcd.keys if self._etcd else None)
+        record = self._events.record if self._events is not None else None
+        self._hangs = HangMonitor(self._options.hang, timeouts, self._ckpt.run_dir, record)
 
     def _record_job_end(self, clean: bool, stopped_by: str | None) -> None:
         """The job's end: by the rank-0 node when it succeeded, by every node that failed.
@@ -278,8 +303,22 @@ class FTElasticAgent(LocalElasticAgent):
             for i in range(share.local_workers)
         ]
 
+    def _restart_workers(self, worker_group: WorkerGroup) -> None:
+        """Every restart is an event; torch has already charged a worker failure to --max-restarts."""
+        reason = self._restart_reason or "worker_failed"
+        if self._events is not None:
+            self._events.record("restart", reason=reason, remaining_restarts=self._remaining_restarts,
+                                max_restarts=worker_group.spec.max_restarts)
+        try:
+            super()._restart_workers(worker_group)
+        finally:
+            self._restart_reason = None
+            self._restart_signal = signal.SIGTERM
+
     def _start_workers(self, worker_group: WorkerGroup) -> dict:
         self._ckpt.before_workers_start()
+        if self._hangs is not None:
+            self._hangs.forget_heartbeats()
         if self._planner is not None:
             worker_group.spec.args = self._planner.worker_args()
             os.environ.update(self._planner.worker_env())
@@ -318,10 +357,15 @@ class FTElasticAgent(LocalElasticAgent):
             result = super()._monitor_workers(worker_group)
         else:
             result = self._spare_node_state()
+        if result.state == WorkerState.HEALTHY and worker_group.workers:
+            hung = self._find_hung_ranks()
+            if hung is not None:
+                return hung
         if result.state == WorkerState.SUCCEEDED and self._ckpt.restart_after_signal_save:
             # --eft-ckpt-mode signal: the workers saved and exited because we asked.
             self._ckpt.restart_after_signal_save = False
             log.info("workers exited after their signal-driven save; restarting them")
+            self._restart_reason = "signal_save"
             self._restart_workers(worker_group)
             return RunResult(state=WorkerState.HEALTHY)
         if result.state == WorkerState.SUCCEEDED:
@@ -342,11 +386,26 @@ class FTElasticAgent(LocalElasticAgent):
         else:
             log.warning("workers failed while new nodes wait to join; restarting them "
                         "through a new rendezvous (not charged to --max-restarts)")
-        try:
-            self._restart_workers(worker_group)
-        finally:
-            self._restart_signal = signal.SIGTERM
+        self._restart_reason = "membership"
+        self._restart_workers(worker_group)
         return RunResult(state=WorkerState.HEALTHY)
+
+    def _find_hung_ranks(self) -> RunResult | None:
+        """A failed result when a live rank overran its section timeout, else None.
+
+        A lost node comes first: its peers' stalls are the membership change's to handle.
+        torch then restarts the group as for a failed worker; the hung ranks get SIGKILL,
+        since a rank stuck in a collective (or stopped) would not act on SIGTERM.
+        """
+        if self._hangs is None or (self._membership is not None and self._membership.lost.is_set()):
+            return None
+        pcontext = self._pcontext
+        overruns = self._hangs.check(set(pcontext.pids().values()) if pcontext is not None else set())
+        if not overruns:
+            return None
+        self._restart_reason = "hang"
+        self._restart_signal = signal.SIGKILL
+        return self._hangs.failure(overruns, self._worker_group)
 
     def _membership_change(self, state: WorkerState, worker_group: WorkerGroup) -> list[NodeRecord] | None:
         """The nodes lost ([] for a scale-up) if a membership change explains ``state``, else None.

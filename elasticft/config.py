@@ -78,6 +78,16 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str) -> Non
                     f"expected {type(_f.default).__name__}, got {raw!r}"
                 ) from None
 
+        if isinstance(f.default, bool):  # a switch: --eft-x turns it on, --no-eft-x off
+            group.add_argument(
+                flag,
+                "--no-" + flag[2:],
+                dest="eft_" + f.name,
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=f"{f.metadata['help']} (env {env}, default {'on' if f.default else 'off'})",
+            )
+            continue
         group.add_argument(
             flag,
             dest="eft_" + f.name,
@@ -348,11 +358,19 @@ class HangConfig:
         "and keep them in etcd and the checkpoint directory for the next run",
     )
     timeout_factor: float = knob(5.0, "safety factor on the longest observed section for --eft-auto-timeouts")
+    stack_dumper: str = knob(
+        "auto", "how a hung rank's Python stacks get into the log: auto (py-spy when installed, else "
+        "faulthandler), py-spy, faulthandler, off"
+    )
     stack_signal: str = knob(
-        "SIGUSR2", "signal that makes a worker print its Python stacks (faulthandler) when py-spy is not installed"
+        "SIGUSR2", "signal that makes a worker print its Python stacks (faulthandler) when py-spy is not used"
     )
 
     def __post_init__(self) -> None:
+        if self.stack_dumper not in ("auto", "py-spy", "faulthandler", "off"):
+            raise ConfigError(
+                f"{flag_name('stack_dumper')}: expected auto, py-spy, faulthandler or off, got {self.stack_dumper!r}"
+            )
         if not self.timeout_factor >= 1:
             raise ConfigError(f"{flag_name('timeout_factor')}: expected a factor >= 1, got {self.timeout_factor}")
         self.section_timeouts()  # validates the spec

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 # The event kinds worth telling a person about (``ckpt_request`` only when risk-driven).
 NOTIFIED_KINDS = frozenset({
     "node_lost", "node_left", "layout", "ckpt_request", "ckpt_saved", "ckpt_filtered",
-    "watchdog", "job_finished", "job_failed",
+    "watchdog", "hang", "restart", "job_finished", "job_failed",
 })
 
 SINK_KINDS = ("webhook", "command", "file")

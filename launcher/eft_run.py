@@ -37,6 +37,7 @@ from elasticft.config import (
     CheckpointConfig,
     ConfigError,
     FTConfig,
+    HangConfig,
     HealthConfig,
     NotifyConfig,
     PlannerConfig,
@@ -71,6 +72,7 @@ def build_parser():
     add_arguments(parser, RiskConfig, "eft risk score")
     add_arguments(parser, PlannerConfig, "eft parallelism planner")
     add_arguments(parser, CheckpointConfig, "eft checkpoints, switches and preemption")
+    add_arguments(parser, HangConfig, "eft hang detection (section timeouts)")
     add_arguments(parser, WatchdogConfig, "eft watchdogs (checkpoint storage, host memory)")
     add_arguments(parser, NotifyConfig, "eft notifications")
     return parser
@@ -179,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
             etcd=None,
             watchdog=from_args(WatchdogConfig, args),
             notify=from_args(NotifyConfig, args),
+            hang=from_args(HangConfig, args),
         )
         parse_faults(options.ft.inject)  # a malformed --eft-inject fails here, in one line
         if options.ckpt.kill_switch and os.path.exists(options.ckpt.kill_switch):

@@ -68,6 +68,11 @@ class RunKeys:
         return self.root + "ckpt/ack/"
 
     @property
+    def timeouts(self) -> str:
+        """The longest section durations seen so far (--eft-auto-timeouts), merged by every agent."""
+        return self.root + "timeouts"
+
+    @property
     def started(self) -> str:
         """When the run started (unix seconds), written once by the first agent."""
         return self.root + "started"

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -99,8 +100,8 @@ def vote_device(group) -> torch.device:
 class Hook:
     """Call ``step(iteration)`` on every rank every iteration, ``saved(...)`` after each save.
 
-    It also keeps the rank's progress heartbeat for its agent (``progress.py``): create
-    it early (its creation starts the ``setup`` section), wrap the rank's own work in
+    It also keeps the rank's progress heartbeat for its agent (``progress.py``): the
+    ``setup`` section runs from the process's start to the first ``step()``; wrap the rank's own work in
     ``compute()`` for straggler detection, other long phases in ``section(name)``, and
     call ``close()`` when training is over.
 
@@ -138,7 +139,8 @@ class Hook:
         self._remove_save_switch = False
         self._auto_checkpointing = False
         self.progress = ProgressWriter(self.run_dir, dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")),
-                                       dump_signal=self._register_stack_dump())
+                                       dump_signal=self._register_stack_dump(),
+                                       started=psutil.Process().create_time())
 
     @staticmethod
     def _register_stack_dump() -> int | None:

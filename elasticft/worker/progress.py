@@ -8,7 +8,7 @@ straggler scores and the silent-worker watchdog.
 
 Sections: a rank is always in exactly one of
 
-* ``setup``: from the hook's creation to its first ``step()``;
+* ``setup``: from the process's start to the hook's first ``step()``;
 * ``step``: from one ``step()`` to the next (time in a nested section excluded);
 * ``checkpointing``: a save, opened by ``section("checkpointing")`` or automatically by
   a ``step()`` that decided to save, closed by ``saved()``;
@@ -111,7 +111,7 @@ class ProgressWriter:
     """
 
     def __init__(self, run_dir: str | os.PathLike, rank: int, local_rank: int,
-                 dump_signal: int | None = None, clock=time.time):
+                 dump_signal: int | None = None, clock=time.time, started: float | None = None):
         self.path = progress_dir(run_dir) / f"{local_rank}.json"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.rank = rank
@@ -120,7 +120,7 @@ class ProgressWriter:
         self._clock = clock
         self.iteration: int | None = None
         self.section = "setup"
-        self.since = clock()
+        self.since = clock() if started is None else started  # setup counts from the process's start
         self.longest: dict[str, float] = {}
         self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
         self._stack: list[tuple[str, float]] = []  # sections a nested section interrupted
@@ -130,7 +130,10 @@ class ProgressWriter:
         self.write()
 
     def _close_current(self, now: float) -> float:
+        """Close the open section; its duration (a step's without its nested sections)."""
         took = now - self.since
+        if self.section == "step":
+            took -= self._nested
         if took > self.longest.get(self.section, 0.0):
             self.longest[self.section] = took
         return took
@@ -140,10 +143,10 @@ class ProgressWriter:
         now = self._clock()
         while self._stack:  # a nested section left open (an exception skipped its exit)
             self.leave()
-        wall = self._close_current(now) - self._nested if self.section == "step" else None
-        if wall is not None:
-            self.longest["step"] = max(self.longest.get("step", 0.0), wall)
-            self.step_times.append(self._work if self._worked else wall)
+        was_step = self.section == "step"
+        took = self._close_current(now)
+        if was_step:
+            self.step_times.append(self._work if self._worked else took)
         self.iteration = iteration
         self.section, self.since = "step", now
         self._nested = self._work = 0.0

@@ -361,7 +361,8 @@ def main(argv=None) -> int:
         periodic = args.save_interval is not None and iteration % args.save_interval == 0
         exit_now = args.exit_interval is not None and iteration % args.exit_interval == 0
         if (action.save or periodic or exit_now) and checkpoints is not None:
-            path, seconds = trainer.save(checkpoints, iteration)
+            with hook.section("checkpointing"):  # timed against --eft-timeouts' checkpointing
+                path, seconds = trainer.save(checkpoints, iteration)
             last_saved = iteration
             hook.saved(iteration, path, seconds)
             reason = action.reason or ("interval" if periodic else "exit_interval")
@@ -377,11 +378,13 @@ def main(argv=None) -> int:
         injector.after_iteration(iteration)
     else:
         if checkpoints is not None and last_saved != iteration:
-            path, seconds = trainer.save(checkpoints, iteration)
+            with hook.section("checkpointing"):
+                path, seconds = trainer.save(checkpoints, iteration)
             hook.saved(iteration, path, seconds)
             log.record(event="save", iteration=iteration, seconds=seconds, path=path, reason="end", **layout)
             log.say(f"saved iteration {iteration} in {seconds:.2f} s (end of training)")
         log.record(event="end", iteration=iteration, **layout)
+    hook.close()
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -23,7 +23,7 @@ from elasticft.worker import CheckpointDir, Hook
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
-parser.add_argument("--ckpt", required=True)
+parser.add_argument("--ckpt", "--save", dest="ckpt", required=True)
 parser.add_argument("--iters", type=int, required=True)
 parser.add_argument("--save-interval", type=int, default=0)
 parser.add_argument("--iter-time", type=float, default=0.05)

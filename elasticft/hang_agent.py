@@ -1,0 +1,85 @@
+"""The agent's hang duties, kept out of agent.py: read heartbeats, enforce section
+timeouts, learn them (``--eft-auto-timeouts``), and turn an overrun into a worker failure
+that torch restarts like any other (charged to ``--max-restarts``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from .auto_timeouts import SectionTimeouts
+from .config import HangConfig
+from .hangs import FAULTHANDLER_GRACE, Overrun, dump_stacks, find_overruns
+from .worker.progress import progress_dir, read_progress
+
+log = logging.getLogger(__name__)
+
+CHECK_INTERVAL = 0.5  # seconds between two reads of the heartbeats (torch monitors every 0.1 s)
+
+
+class HangMonitor:
+    def __init__(self, config: HangConfig, timeouts: SectionTimeouts, run_dir: Path,
+                 record: Callable[..., None] | None = None):
+        self.config = config
+        self.timeouts = timeouts
+        self.run_dir = Path(run_dir)
+        self._record = record
+        self._next_check = 0.0
+        timeouts.load()
+        log.info("section timeouts: %s%s", timeouts.describe(), " (learning)" if timeouts.auto else "")
+
+    def forget_heartbeats(self) -> None:
+        """Before workers (re)start: the previous generation's heartbeats mean nothing now."""
+        shutil.rmtree(progress_dir(self.run_dir), ignore_errors=True)
+
+    def check(self, alive: set[int], now: float | None = None) -> list[Overrun]:
+        """The live ranks that overran their section's timeout (read at most every CHECK_INTERVAL)."""
+        mono = time.monotonic()
+        if mono < self._next_check:
+            return []
+        self._next_check = mono + CHECK_INTERVAL
+        records = list(read_progress(self.run_dir).values())
+        for record in records:
+            if record.pid in alive and self.timeouts.observe(record.longest):
+                self.timeouts.persist()
+        return find_overruns(records, alive, self.timeouts.current, time.time() if now is None else now)
+
+    def failure(self, overruns: list[Overrun], worker_group: WorkerGroup) -> RunResult:
+        """Log and record each overrun with its stacks; the failed result torch restarts from."""
+        failures = {}
+        signalled = False
+        for overrun in overruns:
+            log.error("hang: %s", overrun.describe())
+            how = dump_stacks(overrun, self.config.stack_dumper)
+            signalled |= how == "faulthandler"
+            if self._record is not None:
+                self._record("hang", rank=overrun.rank, local_rank=overrun.local_rank, pid=overrun.pid,
+                             section=overrun.section, seconds=round(overrun.seconds, 2), timeout=overrun.timeout,
+                             iteration=overrun.iteration, stacks=how)
+            worker = worker_group.workers[overrun.local_rank]
+            failures[worker.global_rank] = ProcessFailure(
+                local_rank=overrun.local_rank, pid=overrun.pid, exitcode=1,
+                error_file=self._error_file(overrun))
+        if signalled:
+            time.sleep(FAULTHANDLER_GRACE)  # the ranks write their stacks before they are killed
+        return RunResult(state=WorkerState.FAILED, failures=failures)
+
+    def _error_file(self, overrun: Overrun) -> str:
+        """torch's error-file format, so that its failure report names the hang."""
+        path = self.run_dir / f"hang-{overrun.local_rank}.json"
+        path.write_text(json.dumps({"message": {
+            "message": f"HangDetected: {overrun.describe()}",
+            "extraInfo": {"py_callstack": "see the stacks in the log", "timestamp": str(int(time.time()))},
+        }}))
+        return str(path)
+
+    def close(self) -> None:
+        self.timeouts.persist()
