@@ -106,6 +106,11 @@ def summary_line(event: dict) -> str:
         text = f"checkpoint saved: iteration {e.get('iteration')} at {e.get('path')} in {e.get('seconds', 0):.1f} s"
     elif kind == "ckpt_filtered":
         text = f"checkpoint request skipped at iteration {e.get('iteration')}: {e.get('why')}"
+    elif kind == "hang":
+        text = (f"rank {e.get('rank')} hung in section {e.get('section')} for {e.get('seconds')} s "
+                f"(timeout {e.get('timeout')} s) after iteration {e.get('iteration')}; restarting the workers")
+    elif kind == "restart":
+        text = f"workers restarted ({e.get('reason')}); {e.get('remaining_restarts')} of {e.get('max_restarts')} restarts left"
     elif kind == "watchdog":
         text = f"watchdog {e.get('check')} tripped on {e.get('target')}: {e.get('message', '')}".rstrip(": ")
     else:

@@ -261,6 +261,11 @@ def describe_event(event: dict) -> str:
         return f"saved iteration {e.get('iteration')}{seconds} → {e.get('path')}"
     if kind == "ckpt_filtered":
         return f"skipped request {e.get('request_id')} at iteration {e.get('iteration')}: {e.get('why')}"
+    if kind == "hang":
+        return (f"rank {e.get('rank')} hung in {e.get('section')} for {e.get('seconds')} s "
+                f"(timeout {e.get('timeout')} s), stacks by {e.get('stacks')}")
+    if kind == "restart":
+        return f"workers restarted ({e.get('reason')}), {e.get('remaining_restarts')} restarts left"
     extra = {k: v for k, v in e.items() if k not in ("kind", "time", "source")}
     return f"{kind} " + " ".join(f"{k}={v}" for k, v in extra.items())
 
