@@ -48,6 +48,10 @@ def test_summary_lines():
     line = summary_line({"kind": "watchdog", "source": "n0", "check": "cpu_memory", "target": "host",
                          "message": "97% used", "suppressed": 3})
     assert "cpu_memory" in line and "+3 more watchdog" in line
+    assert "rank 3 hung in section step for 12.5 s (timeout 10 s) after iteration 7" in summary_line(
+        {"kind": "hang", "source": "n0", "rank": 3, "section": "step", "seconds": 12.5, "timeout": 10, "iteration": 7})
+    assert "workers restarted (hang); 2 of 3 restarts left" in summary_line(
+        {"kind": "restart", "source": "n0", "reason": "hang", "remaining_restarts": 2, "max_restarts": 3})
 
 
 def test_rate_limiter_counts_and_reports_the_suppressed():
