@@ -112,6 +112,17 @@ def from_env(cls: type[T]) -> T:
     return cls(**values)
 
 
+def signal_number(name: str, knob_name: str) -> int:
+    """``SIGUSR1`` or ``USR1`` -> its number; a ConfigError naming the knob otherwise."""
+    import signal as _signal
+
+    text = name.strip()
+    try:
+        return int(_signal.Signals[text if text.startswith("SIG") else "SIG" + text])
+    except KeyError:
+        raise ConfigError(f"{flag_name(knob_name)}: unknown signal {text!r}") from None
+
+
 @dataclass
 class FTConfig:
     """What the eft node agent adds to torchrun's agent."""
@@ -268,15 +279,7 @@ class CheckpointConfig:
         self.signals()  # validates the names
 
     def signals(self) -> list[int]:
-        import signal as _signal
-
-        out = []
-        for name in filter(None, (n.strip() for n in self.exit_signals.split(","))):
-            try:
-                out.append(int(_signal.Signals[name if name.startswith("SIG") else "SIG" + name]))
-            except KeyError:
-                raise ConfigError(f"{flag_name('exit_signals')}: unknown signal {name!r}") from None
-        return out
+        return [signal_number(name, "exit_signals") for name in self.exit_signals.split(",") if name.strip()]
 
 
 @dataclass
@@ -397,13 +400,7 @@ class HangConfig:
         return out
 
     def stack_signum(self) -> int:
-        import signal as _signal
-
-        name = self.stack_signal.strip().upper()
-        try:
-            return int(_signal.Signals[name if name.startswith("SIG") else "SIG" + name])
-        except KeyError:
-            raise ConfigError(f"{flag_name('stack_signal')}: unknown signal {self.stack_signal!r}") from None
+        return signal_number(self.stack_signal, "stack_signal")
 
 
 @dataclass
