@@ -8,17 +8,22 @@ from elasticft.checkpoint import CheckpointProtocol
 from elasticft.config import ConfigError, WatchdogConfig
 from elasticft.events import EventLog
 from elasticft.store import RunKeys
+from elasticft.health.sample import GpuSample
 from elasticft.watchdogs import (
     CheckpointUsage,
     Latch,
     Trip,
     Watchdogs,
     check_disk,
+    check_gpu_memory,
     check_memory,
+    check_silence,
     checkpoint_usage,
     disk_free,
     newest_checkpoint,
+    worker_activity,
 )
+from elasticft.worker.progress import ProgressWriter
 
 GB = 10**9
 CKPT = CheckpointUsage("iter_0000100", 10 * GB, 1000)
@@ -77,10 +82,182 @@ def test_latch_reports_once_until_cleared():
     assert latch.update([a, b], checked) == [a, b]
 
 
-@pytest.mark.parametrize("kwargs", [{"watch_keep": 0}, {"mem_threshold": 101}, {"mem_threshold": -1}, {"watch_interval": 0.1}])
+@pytest.mark.parametrize("kwargs", [{"watch_keep": 0}, {"mem_threshold": 101}, {"mem_threshold": -1}, {"watch_interval": 0.1},
+                                    {"gpu_mem_headroom": 100}, {"gpu_mem_headroom": -1}, {"silence_limit": -5}])
 def test_config_rejects(kwargs):
     with pytest.raises(ConfigError, match="--eft-"):
         WatchdogConfig(**kwargs)
+
+
+H100_MIB = 81559.0
+
+
+def gpu(index, used, total=H100_MIB, node="n0"):
+    return GpuSample(timestamp=0.0, node=node, gpu=index, memory_used_mib=used, memory_total_mib=total)
+
+
+@pytest.mark.parametrize(
+    "used, total, headroom, trips",
+    [
+        (78025, H100_MIB, 2.0, False),  # Megatron's usual 95-97 % used: 4.3 % free
+        (H100_MIB * 0.98, H100_MIB, 2.0, False),  # exactly the headroom left is enough
+        (H100_MIB * 0.981, H100_MIB, 2.0, True),
+        (81500, H100_MIB, 2.0, True),
+        (81500, H100_MIB, 0.0, False),  # 0: off
+        (70000, H100_MIB, 15.0, True),
+        (None, H100_MIB, 2.0, False),  # missing readings are not zero
+        (81500, None, 2.0, False),
+        (0, 0, 2.0, False),  # a total of 0 is a broken reading, not a full GPU
+    ],
+)
+def test_check_gpu_memory(used, total, headroom, trips):
+    found = check_gpu_memory([gpu(3, used, total)], headroom)
+    assert bool(found) == trips
+    if trips:
+        trip, = found
+        assert (trip.check, trip.target, trip.limit) == ("gpu_memory", "gpu3", headroom)
+        assert trip.save and not trip.save_and_exit  # save and go on: memory may well free up
+        assert trip.reading == pytest.approx(100 * (total - used) / total, abs=1e-3)
+        assert "GPU 3" in trip.message and f"{total - used:.0f} MiB" in trip.message
+
+
+def test_check_gpu_memory_one_trip_per_full_gpu():
+    samples = [gpu(0, 70000), gpu(1, 81400), gpu(2, 81000), gpu(3, 81558)]
+    assert [t.target for t in check_gpu_memory(samples, 2.0)] == ["gpu1", "gpu2", "gpu3"]
+
+
+@pytest.mark.parametrize(
+    "last, now, limit, silent",
+    [
+        (100.0, 150.0, 60.0, False),
+        (100.0, 160.0, 60.0, False),  # exactly the limit is not yet silence
+        (100.0, 160.5, 60.0, True),
+        (100.0, 1000.0, 0.0, False),  # 0: off
+        (None, 1000.0, 60.0, False),  # no worker heartbeat yet: nothing to judge
+        (200.0, 100.0, 60.0, False),  # a worker clock ahead of ours is not silence
+    ],
+)
+def test_check_silence(last, now, limit, silent):
+    trip = check_silence(last, now, limit)
+    assert (trip is not None) == silent
+    if trip:
+        assert (trip.check, trip.target, trip.reading, trip.limit) == ("silence", "workers", now - last, limit)
+        assert not trip.save and not trip.save_and_exit  # a silent job cannot save
+
+
+def test_trip_names_its_requester():
+    assert Trip("cpu_memory", "host", 99, 95).requester("n0") == "n0/cpu_memory"
+    assert Trip("gpu_memory", "gpu3", 1, 2).requester("n0") == "n0/gpu_memory/gpu3"
+
+
+def test_enabled_counts_a_check_only_with_its_readings():
+    off = WatchdogConfig(mem_threshold=0, gpu_mem_headroom=2, silence_limit=60)
+    assert not Watchdogs(off, None, None).enabled  # no sampler, no workers to watch
+    assert Watchdogs(off, None, None, read_gpus=list).enabled
+    assert Watchdogs(off, None, None, read_activity=lambda: None).enabled
+    assert not Watchdogs(WatchdogConfig(mem_threshold=0, gpu_mem_headroom=0), None, None,
+                         read_gpus=list, read_activity=lambda: None).enabled
+
+
+def test_gpu_memory_trip_requests_a_save_once_per_crossing(etcd):
+    keys = RunKeys("watchdog-gpu")
+    protocol = CheckpointProtocol(etcd, keys, "n0")
+    events = EventLog(etcd, keys, "n0")
+    made = []
+
+    def request(trip):
+        made.append(protocol.request("watchdog", trip.requester("n0"), exit=trip.save_and_exit))
+
+    rounds = iter([
+        [gpu(0, 70000), gpu(1, 70000)],
+        [gpu(0, 70000), gpu(1, 81500)],  # GPU 1 nearly full: a save
+        [gpu(0, 70000), gpu(1, 81500)],  # still: nothing new
+        [gpu(0, 70000)],  # GPU 1 not read this round: still latched
+        [gpu(0, 70000), gpu(1, 81500)],
+        [gpu(0, 81500), gpu(1, 70000)],  # GPU 1 cleared, GPU 0 full
+        [gpu(0, 81500), gpu(1, 81500)],  # GPU 1 full again: another save
+    ])
+    dogs = Watchdogs(WatchdogConfig(mem_threshold=0, gpu_mem_headroom=2.0), events.record, request,
+                     read_gpus=lambda: next(rounds))
+    assert dogs.enabled
+    assert [[t.target for t in dogs.check_once()] for _ in range(7)] == [[], ["gpu1"], [], [], [], ["gpu0"], ["gpu1"]]
+    assert len(made) == 3
+    request, created = made[0]
+    assert created and (request.reason, request.exit, request.requester) == ("watchdog", False, "n0/gpu_memory/gpu1")
+    logged = [e for e in EventLog(etcd, keys, "x").read() if e["kind"] == "watchdog"]
+    assert [(e["check"], e["target"], e["save"], e["save_and_exit"]) for e in logged] == [
+        ("gpu_memory", "gpu1", True, False), ("gpu_memory", "gpu0", True, False), ("gpu_memory", "gpu1", True, False)]
+
+
+def test_no_save_is_asked_after_the_save_and_exit():
+    asked = []
+    dogs = Watchdogs(WatchdogConfig(mem_threshold=95, gpu_mem_headroom=2.0), lambda *a, **k: None, asked.append,
+                     read_memory=lambda: 99.0, read_gpus=lambda: [gpu(0, 81500)])
+    trips = dogs.check_once()
+    assert {t.check for t in trips} == {"cpu_memory", "gpu_memory"}  # both recorded
+    assert [t.check for t in asked] == ["cpu_memory"]  # the job stops after its save anyway
+
+
+def test_silence_trips_once_and_clears_with_a_heartbeat():
+    now = [1000.0]
+    last = [None]
+    events = []
+    dogs = Watchdogs(WatchdogConfig(mem_threshold=0, silence_limit=60), lambda kind, **f: events.append(f),
+                     lambda trip: pytest.fail("a silent job is not asked to save"),
+                     read_activity=lambda: last[0], clock=lambda: now[0])
+    assert dogs.check_once() == []  # workers starting: no heartbeat yet
+    last[0] = 990.0
+    assert dogs.check_once() == []
+    now[0] = 1051.0
+    trip, = dogs.check_once()
+    assert (trip.check, trip.reading, trip.limit) == ("silence", 61.0, 60)
+    now[0] = 2000.0
+    assert dogs.check_once() == []  # reported once
+    last[0] = None  # the workers were restarted and have not written yet: no judgement
+    assert dogs.check_once() == []
+    last[0] = 1990.0
+    assert dogs.check_once() == []  # heard from again: cleared
+    now[0] = 2100.0
+    assert len(dogs.check_once()) == 1 and len(events) == 2
+
+
+class _Context:
+    """The part of torch's PContext that worker_activity reads."""
+
+    def __init__(self, pids, stdouts=None, stderrs=None):
+        self._pids, self.stdouts, self.stderrs = pids, stdouts or {}, stderrs or {}
+
+    def pids(self):
+        return self._pids
+
+
+def test_worker_activity_reads_running_workers_heartbeats_and_logs(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    assert worker_activity(run_dir, None) is None  # no workers
+    assert worker_activity(run_dir, _Context({0: os.getpid()})) is None  # no heartbeat yet
+    clock = [1000.0]
+    ProgressWriter(run_dir, rank=0, local_rank=0, clock=lambda: clock[0])  # writes its first heartbeat
+    heartbeat = run_dir / "progress" / "0.json"
+    os.utime(heartbeat, (900.0, 900.0))
+    assert worker_activity(run_dir, _Context({0: os.getpid()})) == 1000.0
+    os.utime(heartbeat, (1005.0, 1005.0))  # the file's mtime when it is newer than the record
+    assert worker_activity(run_dir, _Context({0: os.getpid()})) == 1005.0
+    # A heartbeat left by a worker of an earlier generation does not count.
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    assert worker_activity(run_dir, _Context({0: int(done.stdout)})) is None
+    # Redirected logs (--redirects/--tee): a line written later is a sign of life.
+    stdout, stderr = tmp_path / "stdout.log", tmp_path / "stderr.log"
+    stdout.write_text("step 10\n")
+    stderr.write_text("")
+    os.utime(stdout, (1010.0, 1010.0))
+    os.utime(stderr, (1020.0, 1020.0))
+    context = _Context({0: os.getpid()}, {0: str(stdout)}, {0: str(stderr)})
+    assert worker_activity(run_dir, context) == 1020.0
+    assert worker_activity(run_dir, _Context({0: os.getpid()}, {0: ""}, {0: os.devnull})) == 1005.0
 
 
 def _fake_checkpoint(root, iteration, sizes, complete=False):
@@ -104,8 +281,11 @@ def test_newest_checkpoint_and_its_usage(tmp_path):
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("100")
     assert newest_checkpoint(tmp_path).name == "iter_0000100"
     usage = checkpoint_usage(newest_checkpoint(tmp_path))
-    # 10 + 20 bytes + the marker; inodes: the dir, shards/, 2 files, the marker.
-    assert (usage.bytes, usage.inodes) == (30, 5)
+    # inodes: the dir, shards/, 2 files, the marker.
+    assert usage.inodes == 5
+    # At least 10 + 20 bytes; and what the filesystem allocates for such small files.
+    files = [p for p in newest_checkpoint(tmp_path).rglob("*") if p.is_file()]
+    assert usage.bytes >= max(30, sum(p.stat().st_blocks * 512 for p in files))
     _fake_checkpoint(tmp_path / "plain", 7, [1])
     _fake_checkpoint(tmp_path / "plain", 12, [1])  # Megatron-LM writes no markers: the newest
     assert newest_checkpoint(tmp_path / "plain").name == "iter_0000012"
