@@ -74,8 +74,9 @@ class CheckpointUsage:
     inodes: int
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+def _size(n: float) -> str:
+    """Bytes for people: GiB, or MiB below one GiB (a small disk says "0.00 GiB" otherwise)."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def check_disk(
@@ -97,7 +98,7 @@ def check_disk(
     if free_bytes < need_bytes:
         trips.append(Trip(
             "disk_space", target, free_bytes, need_bytes,
-            message=f"{_gib(free_bytes)} free, {keep} checkpoints like {usage.name} need {_gib(need_bytes)}",
+            message=f"{_size(free_bytes)} free, {keep} checkpoints like {usage.name} need {_size(need_bytes)}",
         ))
     need_inodes = keep * usage.inodes
     if free_inodes is not None and free_inodes < need_inodes:
@@ -153,7 +154,7 @@ def check_silence(last_activity: float | None, now: float, limit: float) -> Trip
     if silent <= limit:
         return None
     return Trip("silence", "workers", round(silent, 1), limit,
-                message=f"no heartbeat or log line from any local worker for {silent:.0f} s (limit {limit:g} s)")
+                message=f"no heartbeat or log line from any local worker for {silent:.1f} s (limit {limit:g} s)")
 
 
 class Latch:
