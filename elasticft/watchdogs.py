@@ -233,14 +233,29 @@ def _mtime(path: str | os.PathLike) -> float | None:
         return None
 
 
-def _alive(pid: int) -> bool:
-    """The process exists and has not exited (an exited child not yet reaped is a zombie)."""
+def _running(pids: Iterable[int]) -> set[int]:
+    """Those of ``pids`` still running, with every process they started that still runs.
+
+    The processes they started: a worker launched through a wrapper (``--no-python``, a
+    shell script that runs python) writes its heartbeat from a pid torch never saw. An
+    exited child not yet reaped is a zombie, not running.
+    """
     import psutil
 
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    running = set()
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            family = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for proc in family:
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    running.add(proc.pid)
+            except psutil.Error:
+                pass
+    return running
 
 
 def worker_activity(run_dir: str | os.PathLike | None, pcontext: Any) -> float | None:
@@ -248,10 +263,11 @@ def worker_activity(run_dir: str | os.PathLike | None, pcontext: Any) -> float |
 
     ``pcontext`` is torch's process context of the running workers (``pids()``, and
     ``stdouts``/``stderrs``: local rank -> log file, "" when not redirected by
-    ``--redirects``/``--tee``). Only heartbeats written by a worker of this context
-    that is still running count: an earlier generation's files stay in the run directory
-    after a restart, and a worker that has exited has nothing more to say. None until one
-    of them has written a heartbeat, so a slow start (imports, rendezvous) is not silence.
+    ``--redirects``/``--tee``). Only heartbeats written by a worker of this context (or a
+    process it started) that is still running count: an earlier generation's files stay
+    in the run directory after a restart, and a worker that has exited has nothing more
+    to say. None until one of them has written a heartbeat, so a slow start (imports,
+    rendezvous) is not silence.
     The newest of those heartbeats (their ``time`` and their file's mtime) and of the
     workers' log files is the answer.
     """
@@ -261,7 +277,7 @@ def worker_activity(run_dir: str | os.PathLike | None, pcontext: Any) -> float |
         pids = {pid for pid in pcontext.pids().values() if pid}
     except Exception:  # noqa: BLE001 - a context being started or torn down: next round
         return None
-    running = {pid for pid in pids if _alive(pid)}
+    running = _running(pids)
     times = []
     for record in read_progress(run_dir).values():
         if record.pid in running:

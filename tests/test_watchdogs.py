@@ -7,8 +7,8 @@ import pytest
 from elasticft.checkpoint import CheckpointProtocol
 from elasticft.config import ConfigError, WatchdogConfig
 from elasticft.events import EventLog
-from elasticft.store import RunKeys
 from elasticft.health.sample import GpuSample
+from elasticft.store import RunKeys
 from elasticft.watchdogs import (
     CheckpointUsage,
     Latch,
@@ -247,7 +247,7 @@ def test_worker_activity_reads_running_workers_heartbeats_and_logs(tmp_path):
     os.utime(heartbeat, (1005.0, 1005.0))  # the file's mtime when it is newer than the record
     assert worker_activity(run_dir, _Context({0: os.getpid()})) == 1005.0
     # A heartbeat left by a worker of an earlier generation does not count.
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
     assert worker_activity(run_dir, _Context({0: int(done.stdout)})) is None
     # Redirected logs (--redirects/--tee): a line written later is a sign of life.
     stdout, stderr = tmp_path / "stdout.log", tmp_path / "stderr.log"
@@ -258,6 +258,28 @@ def test_worker_activity_reads_running_workers_heartbeats_and_logs(tmp_path):
     context = _Context({0: os.getpid()}, {0: str(stdout)}, {0: str(stderr)})
     assert worker_activity(run_dir, context) == 1020.0
     assert worker_activity(run_dir, _Context({0: os.getpid()}, {0: ""}, {0: os.devnull})) == 1005.0
+
+
+def test_worker_activity_counts_a_worker_started_through_a_wrapper(tmp_path):
+    """``--no-python`` and shell wrappers: the heartbeat's pid is a child of torch's worker."""
+    import subprocess
+    import sys
+
+    script = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+              "print(p.pid, flush=True); p.wait()")
+    wrapper = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        python_pid = int(wrapper.stdout.readline())
+        writer = ProgressWriter(tmp_path, rank=0, local_rank=0)
+        record = json.loads(writer.path.read_text())
+        writer.path.write_text(json.dumps({**record, "pid": python_pid}))
+        assert worker_activity(tmp_path, _Context({0: wrapper.pid})) == pytest.approx(record["time"], abs=60)
+        with subprocess.Popen(["sleep", "60"]) as stranger:
+            assert worker_activity(tmp_path, _Context({0: stranger.pid})) is None  # not a worker of this context
+            stranger.kill()
+    finally:
+        subprocess.run(["kill", str(python_pid)], check=False)
+        wrapper.wait(10)
 
 
 def _fake_checkpoint(root, iteration, sizes, complete=False):
@@ -463,13 +485,13 @@ def small_disk(request, tmp_path):
     if shutil.which("mount") is None:
         pytest.skip("no mount command")
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_DISK}", "eft-test", str(ckpt)],
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, check=False)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
     try:
         yield ckpt, eft_run(), os.statvfs
     finally:
-        subprocess.run(["umount", "-l", str(ckpt)], capture_output=True)
+        subprocess.run(["umount", "-l", str(ckpt)], capture_output=True, check=False)
 
 
 @pytest.mark.slow
@@ -498,7 +520,7 @@ def test_eft_run_disk_watchdog_trips_while_one_more_checkpoint_still_fits(small_
         save(1)  # about 5 MiB free: room for two more
         save(2)  # about 3 MiB free: room for one more, not two
         trip, = wait_for(lambda: _notified(tmp_path, "disk_space"), 30, "the disk watchdog's notification")
-        second = [e for e in _toy_events(tmp_path, "save")][-1]
+        second = _toy_events(tmp_path, "save")[-1]
         assert trip["target"] == str(ckpt) and trip["time"] > second["decided"]  # not after the first save
         one_checkpoint = trip["limit"] / 2  # learned from the newest checkpoint
         assert one_checkpoint >= 2 * CKPT_BYTES
