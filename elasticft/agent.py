@@ -54,7 +54,7 @@ from .membership import Membership, NodeLease, NodeRecord, default_node_id
 from .notify import Notifier
 from .replan import RoundPlanner, layout_record
 from .store import RunKeys, StoreOptions, connect
-from .watchdogs import Watchdogs
+from .watchdogs import Watchdogs, worker_activity
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +152,15 @@ class FTElasticAgent(LocalElasticAgent):
         self._events.notifier = self._notifier
 
     def _start_watchdogs(self, node_id: str) -> None:
+        sampler = self._sampler  # None: no GPU readings, no GPU memory check
         dogs = Watchdogs(
             self._options.watchdog,
             self._events.record,
-            lambda trip: self._ckpt.request_for_watchdog(f"{node_id}/{trip.check}", trip.message),
+            lambda trip: self._ckpt.request_for_watchdog(trip.requester(node_id), trip.message,
+                                                         exit=trip.save_and_exit),
+            read_gpus=(lambda: [s for s, _ in sampler.latest.values()]) if sampler is not None else None,
+            # self._pcontext is read at each check: it is replaced at every restart.
+            read_activity=lambda: worker_activity(self._ckpt.run_dir, self._pcontext),
         )
         if dogs.enabled:
             self._watchdogs = dogs.start()

@@ -86,11 +86,13 @@ class CheckpointCoordinator:
             log.warning("%s emergency checkpoint request %s (risk %.2f)",
                         "made" if created else "joined", request.id, risk)
 
-    def request_for_watchdog(self, requester: str, why: str) -> None:
-        """A watchdog (e.g. host memory about to run out) asks the job to save and exit."""
+    def request_for_watchdog(self, requester: str, why: str, exit: bool = True) -> None:
+        """A watchdog asks the job to save and exit (host memory about to run out) or,
+        with ``exit=False``, to save and go on (a GPU short of memory)."""
         if self.protocol is not None:
-            request, created = self.protocol.request("watchdog", requester, exit=True)
-            log.warning("%s save-and-exit request %s: %s", "made" if created else "joined", request.id, why)
+            request, created = self.protocol.request("watchdog", requester, exit=exit)
+            log.warning("%s %s request %s: %s", "made" if created else "joined",
+                        "save-and-exit" if exit else "save", request.id, why)
 
     def forward_exit_signals(self) -> None:
         """Exit signals torch does not handle go to the workers, who save and exit."""

@@ -284,7 +284,7 @@ class CheckpointConfig:
 
 @dataclass
 class WatchdogConfig:
-    """The agent's host watchdogs: checkpoint storage and CPU memory."""
+    """The agent's watchdogs: checkpoint storage, CPU memory, GPU memory, silent workers (docs/watchdogs.md)."""
 
     watch_dirs: str = knob(
         "", "checkpoint directories whose free space and inodes are checked, comma-separated (empty: off)"

@@ -1,4 +1,4 @@
-"""Host watchdogs in the agent: checkpoint storage and CPU memory.
+"""Watchdogs in the agent: checkpoint storage, CPU memory, GPU memory, silent workers.
 
 * **Checkpoint storage**: every ``--eft-watch-dirs`` directory must have room for the
   next ``--eft-watch-keep`` checkpoints, in bytes and in inodes, where a checkpoint's
@@ -8,9 +8,19 @@
 * **CPU memory**: host memory use at or above ``--eft-mem-threshold`` percent asks the
   whole job to save and exit (reason ``watchdog``) once, before the OOM killer kills a
   rank mid-step and the work since the last checkpoint is lost.
+* **GPU memory**: a GPU whose free memory (as NVML reports it, the caching allocator's
+  reserve counted as used) is below ``--eft-gpu-mem-headroom`` percent of its total asks
+  the job to save (not exit): an out-of-memory error would kill the step and lose the
+  work since the last checkpoint, while the job may well go on after the save. The
+  readings are the health sampler's latest samples: no second NVML handle.
+* **Silence**: with ``--eft-silence-limit`` > 0, no heartbeat
+  (``elasticft.worker.progress``) and no line in a redirected worker log from any local
+  worker for that long is an event and a notification. No checkpoint: a job that cannot
+  write a heartbeat cannot save either.
 
-The decisions (``check_disk``, ``check_memory``, ``Latch``) are pure: the readings come
-in as numbers. ``Watchdogs`` is the agent's thread that takes the readings.
+The decisions (``check_disk``, ``check_memory``, ``check_gpu_memory``, ``check_silence``,
+``Latch``) are pure: the readings come in as numbers. ``Watchdogs`` is the agent's thread
+that takes the readings.
 """
 
 from __future__ import annotations
@@ -19,11 +29,14 @@ import logging
 import os
 import re
 import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 from .config import WatchdogConfig
+from .health.sample import GpuSample
+from .worker.progress import progress_dir, read_progress
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +48,21 @@ COMPLETE_MARKER = ".complete"
 class Trip:
     """One watchdog finding: ``reading`` is on the wrong side of ``limit``."""
 
-    check: str  # disk_space, disk_inodes, cpu_memory
-    target: str  # the directory, or "host"
+    check: str  # disk_space, disk_inodes, cpu_memory, gpu_memory, silence
+    target: str  # the directory, "host", "gpu<N>" or "workers"
     reading: float
     limit: float
     save_and_exit: bool = False
     message: str = ""
+    save: bool = False  # ask the job to save and go on (save_and_exit: save and stop)
 
     @property
     def key(self) -> tuple[str, str]:
         return self.check, self.target
+
+    def requester(self, node_id: str) -> str:
+        """Who asks for the checkpoint: ``node/cpu_memory``, ``node/gpu_memory/gpu3``."""
+        return f"{node_id}/{self.check}" + ("" if self.target == "host" else f"/{self.target}")
 
 
 @dataclass(frozen=True)
@@ -56,8 +74,9 @@ class CheckpointUsage:
     inodes: int
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+def _size(n: float) -> str:
+    """Bytes for people: GiB, or MiB below one GiB (a small disk says "0.00 GiB" otherwise)."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def check_disk(
@@ -79,7 +98,7 @@ def check_disk(
     if free_bytes < need_bytes:
         trips.append(Trip(
             "disk_space", target, free_bytes, need_bytes,
-            message=f"{_gib(free_bytes)} free, {keep} checkpoints like {usage.name} need {_gib(need_bytes)}",
+            message=f"{_size(free_bytes)} free, {keep} checkpoints like {usage.name} need {_size(need_bytes)}",
         ))
     need_inodes = keep * usage.inodes
     if free_inodes is not None and free_inodes < need_inodes:
@@ -96,6 +115,46 @@ def check_memory(percent: float, threshold: float) -> Trip | None:
         return None
     return Trip("cpu_memory", "host", percent, threshold, save_and_exit=True,
                 message=f"host memory {percent:.1f}% used (limit {threshold:g}%): save and exit")
+
+
+def gpu_free_percent(sample: GpuSample) -> float | None:
+    """Free memory in percent of the total; None when the sample lacks either reading."""
+    if sample.memory_used_mib is None or not sample.memory_total_mib:
+        return None
+    return 100.0 * (sample.memory_total_mib - sample.memory_used_mib) / sample.memory_total_mib
+
+
+def check_gpu_memory(samples: Iterable[GpuSample], headroom: float) -> list[Trip]:
+    """A save for each GPU with less than ``headroom`` percent of its memory free (0: off)."""
+    if headroom <= 0:
+        return []
+    trips = []
+    for sample in samples:
+        free = gpu_free_percent(sample)
+        if free is None or free >= headroom:
+            continue
+        free_mib = sample.memory_total_mib - sample.memory_used_mib
+        trips.append(Trip(
+            "gpu_memory", f"gpu{sample.gpu}", round(free, 3), headroom, save=True,
+            message=f"GPU {sample.gpu} has {free_mib:.0f} MiB ({free:.1f}%) of {sample.memory_total_mib:.0f} MiB "
+                    f"free (limit {headroom:g}%): save before an out-of-memory error kills the step",
+        ))
+    return trips
+
+
+def check_silence(last_activity: float | None, now: float, limit: float) -> Trip | None:
+    """No sign of life from any local worker for ``limit`` seconds (0: off).
+
+    ``last_activity`` None: no running worker has written a heartbeat yet (starting up,
+    or no workers on this node): nothing to judge.
+    """
+    if limit <= 0 or last_activity is None:
+        return None
+    silent = now - last_activity
+    if silent <= limit:
+        return None
+    return Trip("silence", "workers", round(silent, 1), limit,
+                message=f"no heartbeat or log line from any local worker for {silent:.1f} s (limit {limit:g} s)")
 
 
 class Latch:
@@ -130,16 +189,28 @@ def newest_checkpoint(root: str | Path) -> Path | None:
     return entries[0][1] if entries else None
 
 
+def _stored_bytes(path: str) -> int:
+    """What ``path`` takes on storage: its allocated blocks, or its size when that is more.
+
+    Allocated, because a filesystem hands out whole blocks (a 1 KiB file takes 4 KiB on
+    tmpfs or ext4): checkpoints of many small files would otherwise look smaller than
+    they are. The size when that is more: a compressed or sparse file's blocks say
+    little about what the next save, written densely, will need.
+    """
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0
+    return max(st.st_size, st.st_blocks * 512)
+
+
 def checkpoint_usage(path: Path) -> CheckpointUsage:
-    """Sum of file sizes and count of inodes under ``path``."""
-    total, inodes = 0, 1
+    """Bytes stored (see ``_stored_bytes``) and count of inodes under ``path``."""
+    total, inodes = _stored_bytes(str(path)), 1
     for dirpath, dirnames, filenames in os.walk(path):
         inodes += len(dirnames) + len(filenames)
-        for name in filenames:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                pass
+        for name in dirnames + filenames:
+            total += _stored_bytes(os.path.join(dirpath, name))
     return CheckpointUsage(path.name, total, inodes)
 
 
@@ -155,27 +226,102 @@ def memory_percent() -> float:
     return float(psutil.virtual_memory().percent)
 
 
+def _mtime(path: str | os.PathLike) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+def _running(pids: Iterable[int]) -> set[int]:
+    """Those of ``pids`` still running, with every process they started that still runs.
+
+    The processes they started: a worker launched through a wrapper (``--no-python``, a
+    shell script that runs python) writes its heartbeat from a pid torch never saw. An
+    exited child not yet reaped is a zombie, not running.
+    """
+    import psutil
+
+    running = set()
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            family = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for proc in family:
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    running.add(proc.pid)
+            except psutil.Error:
+                pass
+    return running
+
+
+def worker_activity(run_dir: str | os.PathLike | None, pcontext: Any) -> float | None:
+    """When the local workers last showed life, or None while there is nothing to judge.
+
+    ``pcontext`` is torch's process context of the running workers (``pids()``, and
+    ``stdouts``/``stderrs``: local rank -> log file, "" when not redirected by
+    ``--redirects``/``--tee``). Only heartbeats written by a worker of this context (or a
+    process it started) that is still running count: an earlier generation's files stay
+    in the run directory after a restart, and a worker that has exited has nothing more
+    to say. None until one of them has written a heartbeat, so a slow start (imports,
+    rendezvous) is not silence.
+    The newest of those heartbeats (their ``time`` and their file's mtime) and of the
+    workers' log files is the answer.
+    """
+    if run_dir is None or pcontext is None:
+        return None
+    try:
+        pids = {pid for pid in pcontext.pids().values() if pid}
+    except Exception:  # noqa: BLE001 - a context being started or torn down: next round
+        return None
+    running = _running(pids)
+    times = []
+    for record in read_progress(run_dir).values():
+        if record.pid in running:
+            mtime = _mtime(progress_dir(run_dir) / f"{record.local_rank}.json")
+            times.append(max(record.time, mtime or 0.0))
+    if not times:
+        return None
+    for logs in (getattr(pcontext, "stdouts", None), getattr(pcontext, "stderrs", None)):
+        for path in (logs or {}).values():
+            if path and path != os.devnull and (mtime := _mtime(path)) is not None:
+                times.append(mtime)
+    return max(times)
+
+
 class Watchdogs:
     """The agent's watchdog thread; ``check_once`` is one round (tests call it directly).
 
     ``record(kind, **fields)`` writes an event (EventLog.record, which also notifies);
-    ``request_exit(reason_text)`` asks the job to save and exit.
+    ``request_checkpoint(trip)`` asks the job to save, and to exit when
+    ``trip.save_and_exit``. ``read_gpus`` gives the latest GPU samples and
+    ``read_activity`` when the local workers last showed life (``worker_activity``);
+    without them (no health sampler, no workers to watch) those checks are off.
     """
 
     def __init__(
         self,
         config: WatchdogConfig,
         record: Callable[..., None],
-        request_exit: Callable[[Trip], None],
+        request_checkpoint: Callable[[Trip], None],
         *,
         read_disk: Callable[[str], tuple[int, int | None]] = disk_free,
         read_memory: Callable[[], float] = memory_percent,
+        read_gpus: Callable[[], Iterable[GpuSample]] | None = None,
+        read_activity: Callable[[], float | None] | None = None,
+        clock: Callable[[], float] = time.time,
     ):
         self.config = config
         self._record = record
-        self._request_exit = request_exit
+        self._request_checkpoint = request_checkpoint
         self._read_disk = read_disk
         self._read_memory = read_memory
+        self._read_gpus = read_gpus
+        self._read_activity = read_activity
+        self._clock = clock
         self._latch = Latch()
         self._usage: dict[str, CheckpointUsage] = {}  # by directory: the last size learned
         self._exit_requested = False
@@ -185,7 +331,12 @@ class Watchdogs:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.config.dirs()) or self.config.mem_threshold > 0
+        return (
+            bool(self.config.dirs())
+            or self.config.mem_threshold > 0
+            or (self.config.gpu_mem_headroom > 0 and self._read_gpus is not None)
+            or (self.config.silence_limit > 0 and self._read_activity is not None)
+        )
 
     def _learn_usage(self, root: str) -> CheckpointUsage | None:
         newest = newest_checkpoint(root)
@@ -216,13 +367,28 @@ class Watchdogs:
             memory = check_memory(self._read_memory(), self.config.mem_threshold)
             if memory is not None:
                 trips.append(memory)
+        if self.config.gpu_mem_headroom > 0 and self._read_gpus is not None:
+            samples = list(self._read_gpus())
+            checked |= {("gpu_memory", f"gpu{s.gpu}") for s in samples if gpu_free_percent(s) is not None}
+            trips += check_gpu_memory(samples, self.config.gpu_mem_headroom)
+        if self.config.silence_limit > 0 and self._read_activity is not None:
+            last = self._read_activity()
+            if last is not None:  # no running worker with a heartbeat: neither tripped nor cleared
+                checked.add(("silence", "workers"))
+                silence = check_silence(last, self._clock(), self.config.silence_limit)
+                if silence is not None:
+                    trips.append(silence)
         new = self._latch.update(trips, checked)
         for trip in new:
             log.warning("watchdog %s on %s: %s", trip.check, trip.target, trip.message)
             self._record("watchdog", **asdict(trip))
-            if trip.save_and_exit and not self._exit_requested:
+            if self._exit_requested:
+                continue  # the job is saving and stopping already: nothing more to ask
+            if trip.save_and_exit:
                 self._exit_requested = True
-                self._request_exit(trip)
+                self._request_checkpoint(trip)
+            elif trip.save:
+                self._request_checkpoint(trip)
         return new
 
     def start(self) -> "Watchdogs":

@@ -73,7 +73,7 @@ def build_parser():
     add_arguments(parser, PlannerConfig, "eft parallelism planner")
     add_arguments(parser, CheckpointConfig, "eft checkpoints, switches and preemption")
     add_arguments(parser, HangConfig, "eft hang detection (section timeouts)")
-    add_arguments(parser, WatchdogConfig, "eft watchdogs (checkpoint storage, host memory)")
+    add_arguments(parser, WatchdogConfig, "eft watchdogs (checkpoint storage, host and GPU memory, silence)")
     add_arguments(parser, NotifyConfig, "eft notifications")
     return parser
 

@@ -154,3 +154,52 @@ def test_event_log_notifies_recorded_events(etcd, tmp_path):
     assert [e["kind"] for e in EventLog(etcd, keys, "x").read()] == ["node_joined", "ckpt_request", "ckpt_request", "job_finished"]
     notified = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(e["kind"], e.get("reason")) for e in notified] == [("ckpt_request", "risk"), ("job_finished", None)]
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_eft_run_notifies_a_webhook_and_a_command_and_failing_sinks_do_not_stop_training(webhook_server, tmp_path):
+    """A real run: the test's HTTP server and a command get the same events as JSON; a
+    webhook nobody answers and a command that fails are logged once and change nothing."""
+    from tests.launch import WORKERS, Launched, eft_run
+
+    url, received = webhook_server
+    stdin_copy, out, ckpt = tmp_path / "stdin.jsonl", tmp_path / "out", tmp_path / "ckpt"
+    out.mkdir()
+    dead = f"http://127.0.0.1:{_closed_port()}/hook"
+    sinks = [f"webhook:{url}/eft", f"command:cat >> {stdin_copy}", f"webhook:{dead}", "command:exit 1"]
+    job = Launched([*eft_run(), "--standalone", "--nproc-per-node", "2", "--eft-node-id", "node-a",
+                    "--eft-notify", json.dumps(sinks), str(WORKERS / "toy_train.py"), str(out), "--ckpt", str(ckpt),
+                    "--iters", "40", "--save-interval", "20"], tmp_path / "eft-run.log")
+    try:
+        assert job.wait(120) == 0, job.output()  # training ran to its end
+    finally:
+        job.stop()
+    run_id = json.loads((out / "run.json").read_text())["run_id"]
+    assert sorted(p.parent.name for p in ckpt.glob("iter_*/.complete")) == ["iter_0000020", "iter_0000040"]
+
+    by_command = [json.loads(line) for line in stdin_copy.read_text().splitlines()]
+    assert [(e["kind"], e.get("iteration")) for e in by_command] == [
+        ("ckpt_saved", 20), ("ckpt_saved", 40), ("job_finished", None), ("node_left", None)]
+    for event in by_command:
+        assert event["run"] == run_id and event["source"] == "node-a" and event["time"] > 0
+    assert [(e["path"], e["exit"]) for e in by_command[:2]] == [(str(ckpt / "iter_0000020"), False),
+                                                                (str(ckpt / "iter_0000040"), False)]
+    # The webhook got the same events, in Slack's shape, one POST each.
+    assert [path for path, _, _ in received] == ["/eft"] * 4
+    assert {content_type for _, content_type, _ in received} == {"application/json"}
+    assert [body["event"] for _, _, body in received] == by_command
+    assert [body["text"] for _, _, body in received] == [summary_line(e) for e in by_command]
+    assert received[0][2]["text"].startswith(f"[eft {run_id}/node-a] checkpoint saved: iteration 20")
+    # Each failing sink: one warning for the whole run, not one per event.
+    log = (tmp_path / "eft-run.log").read_text()
+    assert log.count(f"notification sink {Sink('webhook', dead)} failed") == 1, log
+    assert log.count("notification sink command:exit 1 failed") == 1, log

@@ -7,6 +7,7 @@ import pytest
 from elasticft.checkpoint import CheckpointProtocol
 from elasticft.config import ConfigError, WatchdogConfig
 from elasticft.events import EventLog
+from elasticft.health.sample import GpuSample
 from elasticft.store import RunKeys
 from elasticft.watchdogs import (
     CheckpointUsage,
@@ -14,11 +15,15 @@ from elasticft.watchdogs import (
     Trip,
     Watchdogs,
     check_disk,
+    check_gpu_memory,
     check_memory,
+    check_silence,
     checkpoint_usage,
     disk_free,
     newest_checkpoint,
+    worker_activity,
 )
+from elasticft.worker.progress import ProgressWriter
 
 GB = 10**9
 CKPT = CheckpointUsage("iter_0000100", 10 * GB, 1000)
@@ -77,10 +82,204 @@ def test_latch_reports_once_until_cleared():
     assert latch.update([a, b], checked) == [a, b]
 
 
-@pytest.mark.parametrize("kwargs", [{"watch_keep": 0}, {"mem_threshold": 101}, {"mem_threshold": -1}, {"watch_interval": 0.1}])
+@pytest.mark.parametrize("kwargs", [{"watch_keep": 0}, {"mem_threshold": 101}, {"mem_threshold": -1}, {"watch_interval": 0.1},
+                                    {"gpu_mem_headroom": 100}, {"gpu_mem_headroom": -1}, {"silence_limit": -5}])
 def test_config_rejects(kwargs):
     with pytest.raises(ConfigError, match="--eft-"):
         WatchdogConfig(**kwargs)
+
+
+H100_MIB = 81559.0
+
+
+def gpu(index, used, total=H100_MIB, node="n0"):
+    return GpuSample(timestamp=0.0, node=node, gpu=index, memory_used_mib=used, memory_total_mib=total)
+
+
+@pytest.mark.parametrize(
+    "used, total, headroom, trips",
+    [
+        (78025, H100_MIB, 2.0, False),  # Megatron's usual 95-97 % used: 4.3 % free
+        (H100_MIB * 0.98, H100_MIB, 2.0, False),  # exactly the headroom left is enough
+        (H100_MIB * 0.981, H100_MIB, 2.0, True),
+        (81500, H100_MIB, 2.0, True),
+        (81500, H100_MIB, 0.0, False),  # 0: off
+        (70000, H100_MIB, 15.0, True),
+        (None, H100_MIB, 2.0, False),  # missing readings are not zero
+        (81500, None, 2.0, False),
+        (0, 0, 2.0, False),  # a total of 0 is a broken reading, not a full GPU
+    ],
+)
+def test_check_gpu_memory(used, total, headroom, trips):
+    found = check_gpu_memory([gpu(3, used, total)], headroom)
+    assert bool(found) == trips
+    if trips:
+        trip, = found
+        assert (trip.check, trip.target, trip.limit) == ("gpu_memory", "gpu3", headroom)
+        assert trip.save and not trip.save_and_exit  # save and go on: memory may well free up
+        assert trip.reading == pytest.approx(100 * (total - used) / total, abs=1e-3)
+        assert "GPU 3" in trip.message and f"{total - used:.0f} MiB" in trip.message
+
+
+def test_check_gpu_memory_one_trip_per_full_gpu():
+    samples = [gpu(0, 70000), gpu(1, 81400), gpu(2, 81000), gpu(3, 81558)]
+    assert [t.target for t in check_gpu_memory(samples, 2.0)] == ["gpu1", "gpu2", "gpu3"]
+
+
+@pytest.mark.parametrize(
+    "last, now, limit, silent",
+    [
+        (100.0, 150.0, 60.0, False),
+        (100.0, 160.0, 60.0, False),  # exactly the limit is not yet silence
+        (100.0, 160.5, 60.0, True),
+        (100.0, 1000.0, 0.0, False),  # 0: off
+        (None, 1000.0, 60.0, False),  # no worker heartbeat yet: nothing to judge
+        (200.0, 100.0, 60.0, False),  # a worker clock ahead of ours is not silence
+    ],
+)
+def test_check_silence(last, now, limit, silent):
+    trip = check_silence(last, now, limit)
+    assert (trip is not None) == silent
+    if trip:
+        assert (trip.check, trip.target, trip.reading, trip.limit) == ("silence", "workers", now - last, limit)
+        assert not trip.save and not trip.save_and_exit  # a silent job cannot save
+
+
+def test_trip_names_its_requester():
+    assert Trip("cpu_memory", "host", 99, 95).requester("n0") == "n0/cpu_memory"
+    assert Trip("gpu_memory", "gpu3", 1, 2).requester("n0") == "n0/gpu_memory/gpu3"
+
+
+def test_enabled_counts_a_check_only_with_its_readings():
+    off = WatchdogConfig(mem_threshold=0, gpu_mem_headroom=2, silence_limit=60)
+    assert not Watchdogs(off, None, None).enabled  # no sampler, no workers to watch
+    assert Watchdogs(off, None, None, read_gpus=list).enabled
+    assert Watchdogs(off, None, None, read_activity=lambda: None).enabled
+    assert not Watchdogs(WatchdogConfig(mem_threshold=0, gpu_mem_headroom=0), None, None,
+                         read_gpus=list, read_activity=lambda: None).enabled
+
+
+def test_gpu_memory_trip_requests_a_save_once_per_crossing(etcd):
+    keys = RunKeys("watchdog-gpu")
+    protocol = CheckpointProtocol(etcd, keys, "n0")
+    events = EventLog(etcd, keys, "n0")
+    made = []
+
+    def request(trip):
+        made.append(protocol.request("watchdog", trip.requester("n0"), exit=trip.save_and_exit))
+
+    rounds = iter([
+        [gpu(0, 70000), gpu(1, 70000)],
+        [gpu(0, 70000), gpu(1, 81500)],  # GPU 1 nearly full: a save
+        [gpu(0, 70000), gpu(1, 81500)],  # still: nothing new
+        [gpu(0, 70000)],  # GPU 1 not read this round: still latched
+        [gpu(0, 70000), gpu(1, 81500)],
+        [gpu(0, 81500), gpu(1, 70000)],  # GPU 1 cleared, GPU 0 full
+        [gpu(0, 81500), gpu(1, 81500)],  # GPU 1 full again: another save
+    ])
+    dogs = Watchdogs(WatchdogConfig(mem_threshold=0, gpu_mem_headroom=2.0), events.record, request,
+                     read_gpus=lambda: next(rounds))
+    assert dogs.enabled
+    assert [[t.target for t in dogs.check_once()] for _ in range(7)] == [[], ["gpu1"], [], [], [], ["gpu0"], ["gpu1"]]
+    assert len(made) == 3
+    request, created = made[0]
+    assert created and (request.reason, request.exit, request.requester) == ("watchdog", False, "n0/gpu_memory/gpu1")
+    logged = [e for e in EventLog(etcd, keys, "x").read() if e["kind"] == "watchdog"]
+    assert [(e["check"], e["target"], e["save"], e["save_and_exit"]) for e in logged] == [
+        ("gpu_memory", "gpu1", True, False), ("gpu_memory", "gpu0", True, False), ("gpu_memory", "gpu1", True, False)]
+
+
+def test_no_save_is_asked_after_the_save_and_exit():
+    asked = []
+    dogs = Watchdogs(WatchdogConfig(mem_threshold=95, gpu_mem_headroom=2.0), lambda *a, **k: None, asked.append,
+                     read_memory=lambda: 99.0, read_gpus=lambda: [gpu(0, 81500)])
+    trips = dogs.check_once()
+    assert {t.check for t in trips} == {"cpu_memory", "gpu_memory"}  # both recorded
+    assert [t.check for t in asked] == ["cpu_memory"]  # the job stops after its save anyway
+
+
+def test_silence_trips_once_and_clears_with_a_heartbeat():
+    now = [1000.0]
+    last = [None]
+    events = []
+    dogs = Watchdogs(WatchdogConfig(mem_threshold=0, silence_limit=60), lambda kind, **f: events.append(f),
+                     lambda trip: pytest.fail("a silent job is not asked to save"),
+                     read_activity=lambda: last[0], clock=lambda: now[0])
+    assert dogs.check_once() == []  # workers starting: no heartbeat yet
+    last[0] = 990.0
+    assert dogs.check_once() == []
+    now[0] = 1051.0
+    trip, = dogs.check_once()
+    assert (trip.check, trip.reading, trip.limit) == ("silence", 61.0, 60)
+    now[0] = 2000.0
+    assert dogs.check_once() == []  # reported once
+    last[0] = None  # the workers were restarted and have not written yet: no judgement
+    assert dogs.check_once() == []
+    last[0] = 1990.0
+    assert dogs.check_once() == []  # heard from again: cleared
+    now[0] = 2100.0
+    assert len(dogs.check_once()) == 1 and len(events) == 2
+
+
+class _Context:
+    """The part of torch's PContext that worker_activity reads."""
+
+    def __init__(self, pids, stdouts=None, stderrs=None):
+        self._pids, self.stdouts, self.stderrs = pids, stdouts or {}, stderrs or {}
+
+    def pids(self):
+        return self._pids
+
+
+def test_worker_activity_reads_running_workers_heartbeats_and_logs(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    assert worker_activity(run_dir, None) is None  # no workers
+    assert worker_activity(run_dir, _Context({0: os.getpid()})) is None  # no heartbeat yet
+    clock = [1000.0]
+    ProgressWriter(run_dir, rank=0, local_rank=0, clock=lambda: clock[0])  # writes its first heartbeat
+    heartbeat = run_dir / "progress" / "0.json"
+    os.utime(heartbeat, (900.0, 900.0))
+    assert worker_activity(run_dir, _Context({0: os.getpid()})) == 1000.0
+    os.utime(heartbeat, (1005.0, 1005.0))  # the file's mtime when it is newer than the record
+    assert worker_activity(run_dir, _Context({0: os.getpid()})) == 1005.0
+    # A heartbeat left by a worker of an earlier generation does not count.
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    assert worker_activity(run_dir, _Context({0: int(done.stdout)})) is None
+    # Redirected logs (--redirects/--tee): a line written later is a sign of life.
+    stdout, stderr = tmp_path / "stdout.log", tmp_path / "stderr.log"
+    stdout.write_text("step 10\n")
+    stderr.write_text("")
+    os.utime(stdout, (1010.0, 1010.0))
+    os.utime(stderr, (1020.0, 1020.0))
+    context = _Context({0: os.getpid()}, {0: str(stdout)}, {0: str(stderr)})
+    assert worker_activity(run_dir, context) == 1020.0
+    assert worker_activity(run_dir, _Context({0: os.getpid()}, {0: ""}, {0: os.devnull})) == 1005.0
+
+
+def test_worker_activity_counts_a_worker_started_through_a_wrapper(tmp_path):
+    """``--no-python`` and shell wrappers: the heartbeat's pid is a child of torch's worker."""
+    import subprocess
+    import sys
+
+    script = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+              "print(p.pid, flush=True); p.wait()")
+    wrapper = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        python_pid = int(wrapper.stdout.readline())
+        writer = ProgressWriter(tmp_path, rank=0, local_rank=0)
+        record = json.loads(writer.path.read_text())
+        writer.path.write_text(json.dumps({**record, "pid": python_pid}))
+        assert worker_activity(tmp_path, _Context({0: wrapper.pid})) == pytest.approx(record["time"], abs=60)
+        with subprocess.Popen(["sleep", "60"]) as stranger:
+            assert worker_activity(tmp_path, _Context({0: stranger.pid})) is None  # not a worker of this context
+            stranger.kill()
+    finally:
+        subprocess.run(["kill", str(python_pid)], check=False)
+        wrapper.wait(10)
 
 
 def _fake_checkpoint(root, iteration, sizes, complete=False):
@@ -104,8 +303,11 @@ def test_newest_checkpoint_and_its_usage(tmp_path):
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("100")
     assert newest_checkpoint(tmp_path).name == "iter_0000100"
     usage = checkpoint_usage(newest_checkpoint(tmp_path))
-    # 10 + 20 bytes + the marker; inodes: the dir, shards/, 2 files, the marker.
-    assert (usage.bytes, usage.inodes) == (30, 5)
+    # inodes: the dir, shards/, 2 files, the marker.
+    assert usage.inodes == 5
+    # At least 10 + 20 bytes; and what the filesystem allocates for such small files.
+    files = [p for p in newest_checkpoint(tmp_path).rglob("*") if p.is_file()]
+    assert usage.bytes >= max(30, sum(p.stat().st_blocks * 512 for p in files))
     _fake_checkpoint(tmp_path / "plain", 7, [1])
     _fake_checkpoint(tmp_path / "plain", 12, [1])  # Megatron-LM writes no markers: the newest
     assert newest_checkpoint(tmp_path / "plain").name == "iter_0000012"
@@ -206,5 +408,210 @@ def test_eft_run_memory_watchdog_saves_exits_and_notifies(tmp_path):
     assert kinds[0] == "watchdog" and notified[0]["check"] == "cpu_memory"
     saved, = [e for e in notified if e["kind"] == "ckpt_saved"]
     assert saved["exit"] and (ckpt / f"iter_{saved['iteration']:07d}").is_dir()
+    # Both ranks saved because of the watchdog, at that iteration, and stopped there.
+    saves, exits = _toy_events(tmp_path, "save"), _toy_events(tmp_path, "exit")
+    assert [(s["reason"], s["iteration"]) for s in saves] == [("watchdog", saved["iteration"])] * 2
+    assert sorted(e["rank"] for e in exits) == [0, 1] and {e["iteration"] for e in exits} == {saved["iteration"]}
     assert "job_finished" in kinds
     assert [json.loads(line) for line in (tmp_path / "stdin.jsonl").read_text().splitlines()] == notified
+
+
+# -- end to end: eft-run, toy_train, real etcd -----------------------------------------
+
+CKPT_BYTES = 2**20  # each rank's share: 2 ranks make a checkpoint of about 2 MiB
+SMALL_DISK = 7 * 2**20  # room for three such checkpoints and a half
+
+
+def _start_toy(tmp_path, launcher, *eft_flags, toy_flags=()):
+    from tests.launch import WORKERS, Launched
+
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    return Launched([*launcher, "--standalone", "--nproc-per-node", "2", "--eft-watch-interval", "0.5",
+                     "--eft-mem-threshold", "0", "--eft-notify", f"file:{tmp_path / 'notify.jsonl'}", *eft_flags,
+                     str(WORKERS / "toy_train.py"), str(out), "--iters", "100000", *toy_flags],
+                    tmp_path / "eft-run.log")
+
+
+def _toy_events(tmp_path, event):
+    from tests.launch import read_jsonl
+
+    return [e for e in read_jsonl(tmp_path / "out" / "events.jsonl") if e["event"] == event]
+
+
+def _notified(tmp_path, check):
+    from tests.launch import read_jsonl
+
+    return [e for e in read_jsonl(tmp_path / "notify.jsonl") if e["kind"] == "watchdog" and e["check"] == check]
+
+
+def _connect_to_run(tmp_path, job):
+    """(etcd client, keys) of a toy_train run, once both ranks have started."""
+    from elasticft.store import StoreOptions, connect
+    from tests.launch import wait_for
+
+    wait_for(lambda: len(_toy_events(tmp_path, "resume")) == 2 or job.proc.poll() is not None, 120, "both ranks to start")
+    assert job.proc.poll() is None, job.output()
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    return connect(StoreOptions(run["endpoint"])), RunKeys(run["run_id"])
+
+
+def _free_bytes(statvfs, path):
+    st = statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+@pytest.fixture(params=["tmpfs", "faked statvfs"])
+def small_disk(request, tmp_path):
+    """(checkpoint dir on a 7 MiB disk, the launcher to run, the statvfs that sees that disk).
+
+    A real tmpfs where this machine lets us mount one; otherwise (and always, as the
+    second variant) eft-run under tests/small_disk.py, which fakes ``os.statvfs`` in
+    the agent's process.
+    """
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.launch import HERE, eft_run
+    from tests.small_disk import small_disk as fake_statvfs
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    if request.param == "faked statvfs":
+        yield ckpt, [sys.executable, str(HERE / "small_disk.py"), str(SMALL_DISK), str(ckpt)], fake_statvfs(SMALL_DISK, str(ckpt))
+        return
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_DISK}", "eft-test", str(ckpt)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
+    try:
+        yield ckpt, eft_run(), os.statvfs
+    finally:
+        subprocess.run(["umount", "-l", str(ckpt)], capture_output=True, check=False)
+
+
+@pytest.mark.slow
+def test_eft_run_disk_watchdog_trips_while_one_more_checkpoint_still_fits(small_disk, tmp_path):
+    """Checkpoints that pile up on a small disk: the watchdog trips while the next save
+    still fits, so the job can still save and stop cleanly; the save after would fail."""
+    import errno
+
+    from tests.launch import wait_for
+
+    ckpt, launcher, statvfs = small_disk
+    job = _start_toy(tmp_path, launcher, "--eft-watch-dirs", str(ckpt), "--eft-watch-keep", "2",
+                     toy_flags=["--ckpt", str(ckpt), "--keep", "100", "--ckpt-bytes", str(CKPT_BYTES)])
+    client = None
+    try:
+        client, keys = _connect_to_run(tmp_path, job)
+        protocol = CheckpointProtocol(client, keys, "test")
+
+        def save(n, exit=False):
+            request, _ = protocol.request("manual", "test", exit=exit)
+            wait_for(lambda: len(_toy_events(tmp_path, "save")) == 2 * n or job.proc.poll() is not None,
+                     60, f"save {n} on both ranks")
+            assert job.proc.poll() is None or exit, job.output()
+            wait_for(lambda: not protocol.is_open(request), 30, f"save {n} to be acknowledged")
+
+        save(1)  # about 5 MiB free: room for two more
+        save(2)  # about 3 MiB free: room for one more, not two
+        trip, = wait_for(lambda: _notified(tmp_path, "disk_space"), 30, "the disk watchdog's notification")
+        second = _toy_events(tmp_path, "save")[-1]
+        assert trip["target"] == str(ckpt) and trip["time"] > second["decided"]  # not after the first save
+        one_checkpoint = trip["limit"] / 2  # learned from the newest checkpoint
+        assert one_checkpoint >= 2 * CKPT_BYTES
+        assert one_checkpoint <= trip["reading"] < 2 * one_checkpoint, trip  # tripped while one more still fits
+        assert not _toy_events(tmp_path, "exit") and job.proc.poll() is None  # no save failed: training goes on
+
+        # The operator's answer to the notification: save and stop. It fits.
+        save(3, exit=True)
+        assert job.wait(60) == 0, job.output()
+        assert len(_toy_events(tmp_path, "exit")) == 2
+        assert sorted(p.name for p in ckpt.glob("iter_*/.complete")) == [".complete"] * 3
+        # And the save after that would not have fitted.
+        assert _free_bytes(statvfs, ckpt) < one_checkpoint
+        if statvfs is __import__("os").statvfs:  # the real small disk: show it
+            with pytest.raises(OSError) as full:
+                (ckpt / "next-checkpoint").write_bytes(bytes(int(one_checkpoint)))
+            assert full.value.errno == errno.ENOSPC
+        assert len(_notified(tmp_path, "disk_space")) == 1
+    finally:
+        job.stop()
+        if client is not None:
+            client.close()
+
+
+def _full_gpu_trace(path, gpus=2, full_gpu=1, rounds=5):
+    """An eft CSV trace (docs/health.md): a healthy node, except that one GPU's memory is
+    nearly all used (81500 of 81559 MiB: 0.07 % free)."""
+    lines = ["timestamp,node,gpu,temperature_c,memory_used_mib,memory_total_mib,power_w,power_limit_w,utilization_pct"]
+    for r in range(rounds):
+        for g in range(gpus):
+            used = 81500 if g == full_gpu else 70000
+            lines.append(f"{1714564800 + r},node-a,{g},60,{used},81559,550,700,98")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.slow
+def test_eft_run_gpu_memory_watchdog_saves_and_training_goes_on(tmp_path):
+    """Replayed telemetry of a GPU out of memory headroom: a save (reason watchdog, no exit)."""
+    from tests.launch import eft_run, wait_for
+
+    trace = _full_gpu_trace(tmp_path / "full_gpu.csv")
+    stop = tmp_path / "stop"
+    job = _start_toy(tmp_path, eft_run(), "--eft-health-source", f"replay:{trace}", "--eft-health-interval", "0.5",
+                     "--eft-gpu-mem-headroom", "2", "--eft-kill-switch", str(stop),
+                     toy_flags=["--ckpt", str(tmp_path / "ckpt")])
+    client = None
+    try:
+        client, keys = _connect_to_run(tmp_path, job)
+        saves = wait_for(lambda: len(_toy_events(tmp_path, "save")) == 2 and _toy_events(tmp_path, "save"), 60,
+                         "the watchdog's save on both ranks")
+        assert {s["reason"] for s in saves} == {"watchdog"} and len({s["iteration"] for s in saves}) == 1
+        request = CheckpointProtocol(client, keys, "test").current()
+        assert (request.reason, request.exit) == ("watchdog", False)
+        assert request.requester.endswith("/gpu_memory/gpu1") and request.id == saves[0]["request_id"]
+        logged = [e for e in EventLog(client, keys, "test").read() if e["kind"] == "watchdog"]
+        assert [(e["check"], e["target"], e["save"], e["save_and_exit"]) for e in logged] == [
+            ("gpu_memory", "gpu1", True, False)]  # GPU 0 has room; GPU 1 trips once while it stays full
+        assert logged[0]["reading"] < 2 and _notified(tmp_path, "gpu_memory")
+
+        stop.touch()  # training went on after the save: it stops now, later, with a save of its own
+        assert job.wait(60) == 0, job.output()
+        exits = _toy_events(tmp_path, "exit")
+        assert len(exits) == 2 and exits[0]["iteration"] > saves[0]["iteration"]
+    finally:
+        job.stop()
+        if client is not None:
+            client.close()
+
+
+@pytest.mark.slow
+def test_eft_run_silence_watchdog_reports_hung_workers(tmp_path):
+    """A rank that hangs holds every rank in the next collective: no heartbeat, no log line."""
+    from tests.launch import eft_run, wait_for
+
+    job = _start_toy(tmp_path, eft_run(), "--eft-silence-limit", "3", "--eft-inject", "rank_hung:1@20",
+                     "--redirects", "3", "--log-dir", str(tmp_path / "logs"),
+                     toy_flags=["--ckpt", str(tmp_path / "ckpt")])
+    client = None
+    try:
+        client, keys = _connect_to_run(tmp_path, job)
+        trip, = wait_for(lambda: _notified(tmp_path, "silence"), 60, "the silence watchdog")
+        assert trip["target"] == "workers" and trip["limit"] == 3 and trip["reading"] > 3
+        # Not at start-up: only after 20 iterations (at least 1 s) and then 3 s of silence.
+        assert trip["time"] >= max(e["time"] for e in _toy_events(tmp_path, "resume")) + 20 * 0.05 + 3
+        assert not trip["save"] and not trip["save_and_exit"]
+        assert CheckpointProtocol(client, keys, "test").current() is None  # a silent job is not asked to save
+        assert job.proc.poll() is None  # the watchdog reports; it does not kill
+        # The worker logs were redirected to files, which the watchdog watched as well.
+        assert len(list((tmp_path / "logs").rglob("stderr.log"))) == 2
+    finally:
+        job.stop()
+        if client is not None:
+            client.close()

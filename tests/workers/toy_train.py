@@ -1,7 +1,8 @@
 """A toy training loop wired to eft's worker hook, with Megatron-style checkpoints.
 
 Usage: toy_train.py OUT --ckpt DIR --iters N [--save-interval K] [--iter-time S]
-                    [--save-delay S] [--slow RANK:SECONDS] [--megatron args are ignored]
+                    [--save-delay S] [--slow RANK:SECONDS] [--keep K] [--ckpt-bytes B]
+                    [--megatron args are ignored]
 Faults from --eft-inject (rank_hung, rank_killed, ...) fire after each iteration.
 Every rank appends JSON lines to OUT/events.jsonl: resume (the iteration it starts
 from), save (iteration, reason), exit. Rank 0 writes OUT/run.json with EFT_ENDPOINT
@@ -29,6 +30,8 @@ parser.add_argument("--save-interval", type=int, default=0)
 parser.add_argument("--iter-time", type=float, default=0.05)
 parser.add_argument("--save-delay", type=float, default=0.0, help="rank 0 stalls this long mid-save")
 parser.add_argument("--slow", default="", help="RANK:SECONDS: that rank's work takes this much longer per step")
+parser.add_argument("--keep", type=int, default=2, help="complete checkpoints kept (Megatron-LM keeps them all)")
+parser.add_argument("--ckpt-bytes", type=int, default=0, help="each rank's checkpoint carries this many more bytes")
 parser.add_argument("--exit-signal-handler", action="store_true",
                     help="no eft hook: save and exit on SIGTERM, as Megatron-LM's flag of that name does")
 args, _ = parser.parse_known_args()
@@ -48,7 +51,7 @@ if rank == 0:
     with open(os.path.join(args.out, "run.json"), "w") as f:
         json.dump({"endpoint": os.environ.get("EFT_ENDPOINT"), "run_id": os.environ.get("EFT_RUN_ID")}, f)
 
-checkpoints = CheckpointDir(args.ckpt, keep=2)
+checkpoints = CheckpointDir(args.ckpt, keep=args.keep)
 resumed, state = checkpoints.load_latest(lambda path, it: torch.load(os.path.join(path, f"rank{rank}.pt")))
 iteration = resumed or 0
 trained = state["trained"] if state else torch.zeros(1)
@@ -99,7 +102,8 @@ while iteration < args.iters:
         started = time.time()
         with hook.section("checkpointing"):
             path = checkpoints.path_for(iteration)
-            torch.save({"trained": trained, "iteration": iteration}, os.path.join(path, f"rank{rank}.pt"))
+            torch.save({"trained": trained, "iteration": iteration, "weights": torch.zeros(args.ckpt_bytes, dtype=torch.uint8)},
+                       os.path.join(path, f"rank{rank}.pt"))
             if rank == 0 and args.save_delay:
                 time.sleep(args.save_delay)  # a slow file system: the window a crash can hit
             dist.barrier()
