@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 # The event kinds worth telling a person about (``ckpt_request`` only when risk-driven).
 NOTIFIED_KINDS = frozenset({
     "node_lost", "node_left", "layout", "ckpt_request", "ckpt_saved", "ckpt_filtered",
-    "watchdog", "job_finished", "job_failed",
+    "watchdog", "job_finished", "job_failed", "straggler", "node_excluded",
 })
 
 SINK_KINDS = ("webhook", "command", "file")
@@ -106,6 +106,13 @@ def summary_line(event: dict) -> str:
         text = f"checkpoint saved: iteration {e.get('iteration')} at {e.get('path')} in {e.get('seconds', 0):.1f} s"
     elif kind == "ckpt_filtered":
         text = f"checkpoint request skipped at iteration {e.get('iteration')}: {e.get('why')}"
+    elif kind == "straggler":
+        text = (f"rank {e.get('rank')} on {e.get('node')} (GPU {e.get('gpu')}) is a straggler: "
+                f"step {_num(e.get('step_time'), '.3f')} s vs the job's median {_num(e.get('job_median'), '.3f')} s "
+                f"(relative {_num(e.get('relative'))}, individual {_num(e.get('individual'))})")
+    elif kind == "node_excluded":
+        text = (f"node {source} left the job at a restart: straggler rank(s) {e.get('ranks')}; "
+                f"{e.get('remaining_nodes')} node(s) go on")
     elif kind == "watchdog":
         text = f"watchdog {e.get('check')} tripped on {e.get('target')}: {e.get('message', '')}".rstrip(": ")
     else:
@@ -115,6 +122,10 @@ def summary_line(event: dict) -> str:
     if e.get("suppressed"):
         line += f" (+{e['suppressed']} more {kind} not sent: rate limit)"
     return line
+
+
+def _num(value, spec: str = ".2f") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "?"
 
 
 class RateLimiter:

@@ -41,6 +41,7 @@ from elasticft.config import (
     NotifyConfig,
     PlannerConfig,
     RiskConfig,
+    StragglerConfig,
     WatchdogConfig,
     add_arguments,
     from_args,
@@ -73,6 +74,7 @@ def build_parser():
     add_arguments(parser, CheckpointConfig, "eft checkpoints, switches and preemption")
     add_arguments(parser, WatchdogConfig, "eft watchdogs (checkpoint storage, host memory)")
     add_arguments(parser, NotifyConfig, "eft notifications")
+    add_arguments(parser, StragglerConfig, "eft straggler detection")
     return parser
 
 
@@ -179,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
             etcd=None,
             watchdog=from_args(WatchdogConfig, args),
             notify=from_args(NotifyConfig, args),
+            straggler=from_args(StragglerConfig, args),
         )
         parse_faults(options.ft.inject)  # a malformed --eft-inject fails here, in one line
         if options.ckpt.kill_switch and os.path.exists(options.ckpt.kill_switch):
