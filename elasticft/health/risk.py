@@ -2,12 +2,12 @@
 
 Each GPU gets six telemetry factors in [0, 1] (docs/health.md explains each
 normalisation), and a seventh, ``straggler``, that comes from outside the samples:
-the agent's straggler monitor sets it with ``set_straggler`` (elasticft/stragglers.py);
-the score is their weighted mean over the factors that have data, so a field the
-GPU does not report (no ECC, no power sensor) is not held against it. A critical
-event — a new uncorrected ECC error, a pending row remap, a critical Xid — sets the
-score to 1.0 by itself: with telemetry weights that add up to 1 and a threshold of
-0.95, everything else needs several factors at once.
+the agent's straggler monitor sets it with ``set_straggler`` (elasticft/stragglers.py)
+and it counts only where it raises the score. The score is the weighted mean over the
+factors that have data, so a field the GPU does not report (no ECC, no power sensor)
+is not held against it. A critical event — a new uncorrected ECC error, a pending row
+remap, a critical Xid — sets the score to 1.0 by itself: with telemetry weights that
+add up to 1 and a threshold of 0.95, everything else needs several factors at once.
 
 The model keeps, per GPU, a rolling window of plain data (``GpuHistory``); feeding
 it the same samples (and straggler factors) always gives the same scores.
@@ -277,12 +277,23 @@ class RiskModel:
             parts.append(sum(h.hw_slowdown) / len(h.hw_slowdown))
         return max(parts) if parts else None
 
+    def _mean(self, present: dict[str, float]) -> float:
+        """The weighted mean of the factors that have data."""
+        total = sum(self.weights[k] for k in present)
+        return sum(self.weights[k] * v for k, v in present.items()) / total if total > 0 else 0.0
+
     def _combine(self, s: GpuSample, factors: dict, critical: str | None) -> RiskScore:
         if critical:
             factors["errors"] = 1.0
         present = {k: v for k, v in factors.items() if v is not None}
-        total = sum(self.weights[k] for k in present)
-        score = sum(self.weights[k] * v for k, v in present.items()) / total if total > 0 else 0.0
+        score = self._mean(present)
+        if "straggler" in present:
+            # The straggler factor only ever raises the score: a rank keeping pace says
+            # nothing about the GPU's telemetry, so neither a healthy rank (0) nor a mild
+            # straggler on a GPU already in distress may dilute the other factors.
+            telemetry = {k: v for k, v in present.items() if k != "straggler"}
+            if telemetry and self._mean(telemetry) >= score:
+                present, score = telemetry, self._mean(telemetry)
         if critical:
             score = 1.0
         contributions = {k: self.weights[k] * v for k, v in present.items() if v > 0}
