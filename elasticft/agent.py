@@ -6,7 +6,8 @@ What it changes, each through one of the agent's documented steps:
   and start watching ``nodes/``; on the way out, leave (cleanly after success).
 * ``_rendezvous``: forget losses that happened before this round started; with
   ``--eft-straggler-action exclude``, a node with a straggler leaves the job here
-  instead of joining the next round (every restart passes through this step).
+  instead of joining the next round (every restart passes through this step), and
+  the others, once their round is formed, forget its departure.
 * ``_monitor_workers``: a lost member (its lease expired) restarts the local workers
   through a new rendezvous at once, and is not charged to ``--max-restarts``. A worker
   failure is first given ``failure_grace`` seconds to be explained by a lost member:
@@ -273,6 +274,8 @@ class FTElasticAgent(LocalElasticAgent):
             self._membership.take_losses()
             self._forget_master_address(worker_group)
         super()._rendezvous(worker_group)
+        if self._membership is not None:
+            self._membership.forget_excluded()
         if self._planner is None and worker_group.group_rank == 0 and self._client is not None:
             # No model to plan for: still tell `eft top` what this round looks like.
             self._rounds += 1

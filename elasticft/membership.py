@@ -199,6 +199,18 @@ class Membership:
             self.lost.clear()
             return fresh
 
+    def forget_excluded(self) -> None:
+        """Drop unreported departures of nodes that left as stragglers (state ``excluded``).
+
+        Called after a rendezvous round completed: such a node left instead of joining
+        any later round, so the round just formed is complete without it, and its
+        departure, seen while the round formed, calls for no further restart.
+        """
+        with self._lock:
+            self._unreported = [r for r in self._unreported if r.state != "excluded"]
+            if not self._unreported:
+                self.lost.clear()
+
     def close(self) -> None:
         self._closed = True
         if self._cancel is not None:

@@ -1,8 +1,11 @@
 """Straggler detection: the pure scores, the monitor against a real etcd, eft-run end to end."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -10,6 +13,7 @@ import pytest
 from elasticft.config import ConfigError, RiskConfig, StragglerConfig
 from elasticft.events import EventLog
 from elasticft.health import GpuSample, RiskModel
+from elasticft.membership import Membership, NodeLease, NodeRecord, running_nodes
 from elasticft.store import RunKeys
 from elasticft.stragglers import (
     MIN_STEPS,
@@ -26,6 +30,8 @@ from elasticft.stragglers import (
     straggler_factor,
 )
 from elasticft.worker.progress import ProgressWriter, progress_dir
+from tests.launch import wait_for
+from tests.test_health_risk import busy, run
 
 
 def ranks(times, node="n0", first_rank=0):
@@ -196,6 +202,37 @@ def test_straggler_factor_is_no_data_until_set_and_then_weighs_in():
     assert model.update([sample(1, 20)])[0].factors["straggler"] is None
 
 
+def distressed(t, gpu=0):
+    """Hot and nearly out of memory: a telemetry score of about 0.4."""
+    return GpuSample(timestamp=1_714_564_800.0 + t, node="n0", gpu=gpu, temperature_c=84.0,
+                     memory_used_mib=80_000.0, memory_total_mib=81_559.0)
+
+
+@pytest.mark.parametrize("factor", [0.0, 0.2])
+def test_a_healthy_rank_or_a_mild_straggler_never_lowers_the_score(factor):
+    plain, scored = RiskModel(), RiskModel()
+    scored.set_straggler("n0", 0, factor)
+    before, after = plain.update([distressed(0)])[0], scored.update([distressed(0)])[0]
+    assert before.score > factor  # the telemetry says more than the straggler factor
+    assert after.score == pytest.approx(before.score) and after.factors["straggler"] == factor
+    assert after.dominant == before.dominant
+
+
+def test_a_straggler_above_the_telemetry_score_raises_it_by_its_weight():
+    plain, scored = RiskModel(), RiskModel()
+    scored.set_straggler("n0", 0, 1.0)
+    before, after = plain.update([distressed(0)])[0], scored.update([distressed(0)])[0]
+    weights = RiskConfig().weights()
+    telemetry_weight = sum(weights[k] for k, v in before.factors.items() if v is not None)
+    expected = (before.score * telemetry_weight + weights["straggler"]) / (telemetry_weight + weights["straggler"])
+    assert after.score == pytest.approx(expected) and after.score > before.score
+    # Full telemetry on an otherwise healthy GPU: a full straggler alone is far from 0.95.
+    healthy = RiskModel()
+    healthy.set_straggler("n", 0, 1.0)
+    alone = run(healthy, [[busy(0, 10 * i), busy(1, 10 * i)] for i in range(10)])[0]
+    assert 0.1 < alone.score < 0.2 and alone.dominant == "straggler" and not alone.triggered
+
+
 # -- the monitor, against a real etcd -------------------------------------------------------
 
 
@@ -280,7 +317,8 @@ def test_monitor_skips_young_dead_and_stale_ranks(etcd, tmp_path):
     config = StragglerConfig(straggler_interval=2)
     a = Node(etcd, keys, tmp_path, "a", config)
     a.beats(0, [[0.1] * 5, [0.1, 0.9]])  # rank 1: two steps, too early to judge
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True,
+                          text=True)
     write_heartbeat(a.run_dir, 2, 2, [5.0] * 5)
     path = progress_dir(a.run_dir) / "2.json"
     record = json.loads(path.read_text())
@@ -317,6 +355,30 @@ def test_exclusion_is_wanted_only_with_the_exclude_action(etcd, tmp_path):
     node.beats(0, [[0.1] * 4, [0.1] * 4, [0.1] * 4])
     node.monitor.check_once()
     assert not node.monitor.wants_exclusion()  # recovered before the restart: it stays
+
+
+def test_an_excluded_node_is_lost_to_the_others_until_their_round_is_formed(etcd):
+    keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
+    leases = {name: NodeLease(etcd, keys, NodeRecord(name, "h", "h", i), ttl=3) for i, name in enumerate("abc")}
+    membership = Membership(etcd, keys)
+    try:
+        assert sorted(running_nodes(etcd, keys)) == ["a", "b", "c"]
+        leases["a"].set_state("excluded")
+        assert sorted(running_nodes(etcd, keys)) == ["b", "c"]  # what a second straggler would count
+        leases["a"].close(clean=False)
+        leases["a"].close(clean=False)  # a second close does nothing
+        wait_for(membership.lost.is_set, 10, "the excluded node's departure")
+        assert ("h", 0) in membership.lost_rdzv_identities()  # the rendezvous drops it at once
+        membership.forget_excluded()
+        assert not membership.lost.is_set() and membership.take_losses() == []
+        leases["b"].close(clean=False)  # a node that dies is still a loss
+        wait_for(membership.lost.is_set, 10, "the lost node")
+        membership.forget_excluded()
+        assert [r.node_id for r in membership.take_losses()] == ["b"]
+    finally:
+        membership.close()
+        for lease in leases.values():
+            lease.close(clean=True)
 
 
 def test_monitor_events_reach_etcd_and_the_thread_stops(etcd, tmp_path):
@@ -362,8 +424,6 @@ def events_of(etcd, run_id, kind=None):
 @pytest.mark.slow
 def test_eft_run_reports_the_slowed_rank_with_its_scores_and_not_the_fast_ones(tmp_path, etcd_server, etcd):
     """Acceptance: rank 1 sleeps 0.3 s more per step; 2 nodes x 2 ranks; checks every 2 s."""
-    from tests.launch import wait_for
-
     run_id = "strag-" + uuid.uuid4().hex[:8]
     _, nodes = toy_nodes(tmp_path, etcd_server.endpoint, run_id, "2", 2, iters=40,
                          extra=["--eft-straggler-interval", "2"])
@@ -388,3 +448,42 @@ def test_eft_run_reports_the_slowed_rank_with_its_scores_and_not_the_fast_ones(t
     assert event["local_rank"] == 1 and event["gpu"] == 1 and event["node"] == event["source"]
     print(f"\nstraggler event: {json.dumps(event)}")
     assert [e["kind"] for e in events_of(etcd, run_id, "node_excluded")] == []
+
+
+def latest_pid(out, rank):
+    from tests.launch import read_jsonl
+
+    return [r for r in read_jsonl(out / "events.jsonl") if r["event"] == "resume" and r["rank"] == rank][-1]["pid"]
+
+
+@pytest.mark.slow
+def test_eft_run_exclude_leaves_the_straggler_node_out_at_the_next_restart(tmp_path, etcd_server, etcd):
+    """2 nodes x 1 rank, rank 1 slowed; a worker failure restarts the job and the slow node leaves."""
+    from tests.launch import generation
+
+    run_id = "strag-x-" + uuid.uuid4().hex[:8]
+    out, nodes = toy_nodes(tmp_path, etcd_server.endpoint, run_id, "1:2", 1, iters=150,
+                           extra=["--eft-straggler-interval", "1", "--eft-straggler-action", "exclude",
+                                  "--max-restarts", "1"])
+    try:
+        event = wait_for(lambda: events_of(etcd, run_id, "straggler"), 90, "a straggler event")[0]
+        assert event["rank"] == 1 and event["action"] == "exclude"
+        slow = next(n for n in nodes if f"--eft-node-id', '{event['node']}'" in str(n.cmd))
+        fast = next(n for n in nodes if n is not slow)
+        started = time.time()
+        os.kill(latest_pid(out, 0), signal.SIGKILL)  # any restart will do: a worker dies
+        assert slow.wait(60) == 0, slow.output()
+        assert "leaves the job: straggler rank(s) [1]" in slow.output()
+        excluded, = events_of(etcd, run_id, "node_excluded")
+        assert (excluded["source"], excluded["ranks"], excluded["remaining_nodes"]) == (event["node"], [1], 1)
+        wait_for(lambda: generation(out / "events.jsonl", 1, after=started), 60, "the job to go on alone")
+        assert fast.wait(60) == 0, fast.output()
+    finally:
+        for node in nodes:
+            node.stop()
+    kinds = [e["kind"] for e in events_of(etcd, run_id)]
+    assert "job_finished" in kinds and kinds.count("node_excluded") == 1
+    # Its departure, seen while the new round formed, did not restart the survivor again.
+    survivor_log = fast.log_path.read_text(errors="replace")
+    after_exclusion = survivor_log.rpartition("of 2, world size 2")[2]
+    assert after_exclusion.count("rendezvous complete: node rank 0 of 1") == 1, survivor_log
