@@ -308,13 +308,15 @@ class FTElasticAgent(LocalElasticAgent):
         try:
             self._node_lease.set_state("excluded")
             others = len([n for n in running_nodes(self._client, self._etcd.keys) if n != node_id])
-            if not may_leave(others, min_nodes):
-                self._node_lease.set_state("running")
-                log.warning("straggler rank(s) %s stay: without node %s the job would have %d node(s), "
-                            "fewer than --nnodes' minimum %d", ranks, node_id, others, min_nodes)
-                return
+            why = f"without node {node_id} the job would have {others} node(s), fewer than --nnodes' minimum {min_nodes}"
         except StoreError as exc:
-            log.warning("straggler rank(s) %s stay: cannot check the other nodes: %s", ranks, exc)
+            others, why = None, f"cannot count the other nodes: {exc}"
+        if others is None or not may_leave(others, min_nodes):
+            try:
+                self._node_lease.set_state("running")
+            except StoreError:
+                pass  # the lease keeps the record; the next restart tries again
+            log.warning("straggler rank(s) %s stay: %s", ranks, why)
             return
         self._events.record("node_excluded", ranks=ranks, reason="straggler", remaining_nodes=others)
         log.warning("node %s leaves the job: straggler rank(s) %s (--eft-straggler-action exclude); "

@@ -158,15 +158,20 @@ class StragglerLatch:
         self.active: dict[tuple[str, int], StragglerScore] = {}
 
     def update(self, scores: list[StragglerScore]) -> tuple[list[StragglerScore], list[StragglerScore]]:
-        """(new stragglers, recovered ones); a rank not scored this time keeps its state."""
+        """(new stragglers, recovered ones); a rank not scored this time keeps its state.
+
+        ``active`` is replaced, not changed in place: the agent reads it from another thread.
+        """
+        active = dict(self.active)
         new, recovered = [], []
         for s in scores:
-            if s.straggler and s.key not in self.active:
+            if s.straggler and s.key not in active:
                 new.append(s)
-            elif not s.straggler and s.key in self.active:
-                recovered.append(self.active.pop(s.key))
+            elif not s.straggler and s.key in active:
+                recovered.append(active.pop(s.key))
             if s.straggler:
-                self.active[s.key] = s
+                active[s.key] = s
+        self.active = active
         return new, recovered
 
 

@@ -516,3 +516,65 @@ def test_eft_run_exclude_leaves_the_straggler_node_out_at_the_next_restart(tmp_p
     survivor_log = fast.log_path.read_text(errors="replace")
     after_exclusion = survivor_log.rpartition("of 2, world size 2")[2]
     assert after_exclusion.count("rendezvous complete: node rank 0 of 1") == 1, survivor_log
+
+
+class FakeHandler:
+    """What _leave_if_excluded uses of torch's rendezvous handler."""
+
+    def __init__(self, min_nodes):
+        self.settings = type("Settings", (), {"min_nodes": min_nodes})()
+        self.heartbeats = True
+
+    def _stop_heartbeats(self):
+        self.heartbeats = False
+
+    def shutdown(self):
+        raise AssertionError("closing the rendezvous would end the job for the others")
+
+
+def straggling_agent(etcd, keys, tmp_path, min_nodes):
+    """An FTElasticAgent's state for _leave_if_excluded: a real lease, monitor and event log."""
+    from types import SimpleNamespace
+
+    for local_rank, seconds in enumerate([0.1, 0.1, 0.9]):
+        write_heartbeat(tmp_path, local_rank, local_rank, [seconds] * 4)
+    log = EventLog(etcd, keys, "me")
+    monitor = StragglerMonitor(StragglerConfig(straggler_action="exclude"), etcd, keys, "me", tmp_path, log.record)
+    monitor.check_once()
+    agent = SimpleNamespace(_stragglers=monitor, _client=etcd, _etcd=SimpleNamespace(keys=keys), _events=log,
+                            _excluded=False, _node_lease=NodeLease(etcd, keys, NodeRecord("me", "h", "h", 1), ttl=3))
+    group = SimpleNamespace(spec=SimpleNamespace(rdzv_handler=FakeHandler(min_nodes)))
+    return agent, group, log
+
+
+@pytest.mark.parametrize("min_nodes", [2, 3])
+def test_a_straggling_node_stays_when_the_others_are_too_few(etcd, tmp_path, min_nodes):
+    from elasticft.agent import FTElasticAgent
+
+    keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
+    other = NodeLease(etcd, keys, NodeRecord("other", "h", "h", 2), ttl=3)
+    agent, group, log = straggling_agent(etcd, keys, tmp_path, min_nodes)
+    FTElasticAgent._leave_if_excluded(agent, group)  # returns: the node stays
+    assert not agent._excluded and group.spec.rdzv_handler.heartbeats
+    assert sorted(running_nodes(etcd, keys)) == ["me", "other"]  # marked running again
+    assert [e["kind"] for e in log.read()] == ["straggler"]
+    other.close(clean=True)
+    agent._node_lease.close(clean=True)
+
+
+def test_a_straggling_node_leaves_without_closing_the_rendezvous(etcd, tmp_path):
+    from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
+
+    from elasticft.agent import FTElasticAgent
+
+    keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
+    other = NodeLease(etcd, keys, NodeRecord("other", "h", "h", 2), ttl=3)
+    agent, group, log = straggling_agent(etcd, keys, tmp_path, min_nodes=1)
+    with pytest.raises(RendezvousGracefulExitError, match="me left the job as a straggler"):
+        FTElasticAgent._leave_if_excluded(agent, group)
+    handler = group.spec.rdzv_handler
+    assert agent._excluded and not handler.heartbeats and handler.shutdown() is True
+    assert etcd.get(keys.node("me")) is None and sorted(running_nodes(etcd, keys)) == ["other"]
+    straggler, excluded = log.read()
+    assert (excluded["kind"], excluded["ranks"], excluded["remaining_nodes"]) == ("node_excluded", [2], 1)
+    other.close(clean=True)
