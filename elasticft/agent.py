@@ -4,7 +4,10 @@ What it changes, each through one of the agent's documented steps:
 
 * ``run``: before the first rendezvous, write ``nodes/<node_id>`` under an etcd lease
   and start watching ``nodes/``; on the way out, leave (cleanly after success).
-* ``_rendezvous``: forget losses that happened before this round started.
+* ``_rendezvous``: forget losses that happened before this round started; with
+  ``--eft-straggler-action exclude``, a node with a straggler leaves the job here
+  instead of joining the next round (every restart passes through this step), and
+  the others, once their round is formed, forget its departure.
 * ``_monitor_workers``: a lost member (its lease expired) restarts the local workers
   through a new rendezvous at once, and is not charged to ``--max-restarts``. A worker
   failure is first given ``failure_grace`` seconds to be explained by a lost member:
@@ -33,6 +36,7 @@ from torch.distributed.elastic.agent.server.api import (
     WorkerState,
 )
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from .ckpt_agent import CheckpointCoordinator
 from .events import EventLog
@@ -46,14 +50,17 @@ from .config import (
     NotifyConfig,
     PlannerConfig,
     RiskConfig,
+    StragglerConfig,
     WatchdogConfig,
 )
 from .hang_agent import HangMonitor
 from .health import EtcdHealthPublisher, HealthSampler, RiskModel, RiskScore, make_source
-from .membership import Membership, NodeLease, NodeRecord, default_node_id
+from .membership import Membership, NodeLease, NodeRecord, default_node_id, running_nodes
 from .notify import Notifier
+from .rendezvous import leave_without_closing
 from .replan import RoundPlanner, layout_record
-from .store import RunKeys, StoreOptions, connect
+from .store import RunKeys, StoreError, StoreOptions, connect
+from .stragglers import StragglerMonitor, may_leave
 from .watchdogs import Watchdogs, worker_activity
 
 log = logging.getLogger(__name__)
@@ -80,6 +87,7 @@ class AgentOptions:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     hang: HangConfig = field(default_factory=HangConfig)
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
 
 
 class FTElasticAgent(LocalElasticAgent):
@@ -96,6 +104,8 @@ class FTElasticAgent(LocalElasticAgent):
         self._notifier: Notifier | None = None
         self._watchdogs: Watchdogs | None = None
         self._hangs: HangMonitor | None = None
+        self._stragglers: StragglerMonitor | None = None
+        self._excluded = False  # this node left the job as a straggler
         self._planner = RoundPlanner.for_worker(spec.args, options.planner)
         self._ckpt = CheckpointCoordinator(options.ckpt, self._signal_workers)
         # How workers are stopped for a restart: torch's SIGTERM, except after a lost
@@ -124,9 +134,13 @@ class FTElasticAgent(LocalElasticAgent):
                 self._ckpt.connect(self._client, self._etcd.keys, node_id, self._notifier)
                 self._start_health_sampler(node_id)
                 self._start_watchdogs(node_id)
+                self._start_straggler_monitor(node_id)
             self._start_hang_monitor()
             self._ckpt.forward_exit_signals()
             result = super().run(role)
+            if result is None and self._excluded:
+                # torch's run returns nothing after the graceful exit _rendezvous raised.
+                return RunResult(state=WorkerState.SUCCEEDED)
             clean = not result.is_failed()
             return result
         except BaseException as exc:
@@ -137,6 +151,8 @@ class FTElasticAgent(LocalElasticAgent):
                 self._watchdogs.stop()
             if self._hangs is not None:
                 self._hangs.close()
+            if self._stragglers is not None:
+                self._stragglers.stop()
             self._record_job_end(clean, stopped_by)
             self._ckpt.close()
             self._leave_membership(clean)
@@ -171,13 +187,38 @@ class FTElasticAgent(LocalElasticAgent):
                                               self._client, self._etcd.keys if self._etcd else None)
         record = self._events.record if self._events is not None else None
         self._hangs = HangMonitor(self._options.hang, timeouts, self._ckpt.run_dir, record)
+    def _start_straggler_monitor(self, node_id: str) -> None:
+        risk = self._sampler.model.set_straggler if self._sampler is not None else None
+        monitor = StragglerMonitor(
+            self._options.straggler, self._client, self._etcd.keys, node_id, self._ckpt.run_dir,
+            self._events.record, lease=self._node_lease.lease, set_risk=risk, gpu_of=self._gpu_of,
+            world_size=self._world_size,
+        )
+        if monitor.enabled:
+            self._stragglers = monitor.start()
+
+    def _gpu_of(self, local_rank: int) -> int:
+        """The GPU index (as health records name it) that local rank ``local_rank`` uses.
+
+        Workers use the local_rank-th visible device; NVML names it by its own index.
+        """
+        gpus = getattr(getattr(self._sampler, "source", None), "gpus", None)
+        if isinstance(gpus, list) and local_rank < len(gpus) and isinstance(gpus[local_rank], tuple):
+            return gpus[local_rank][0]
+        return local_rank
+
+    def _world_size(self) -> int | None:
+        """The number of ranks in the current round (None between rounds or on a spare node)."""
+        workers = self._worker_group.workers
+        return workers[0].world_size if workers else None
 
     def _record_job_end(self, clean: bool, stopped_by: str | None) -> None:
         """The job's end: by the rank-0 node when it succeeded, by every node that failed.
 
         ``stopped_by``: the exception that ended the agent (SignalException for SIGTERM).
+        A node that left as a straggler said so in its ``node_excluded`` event.
         """
-        if self._events is None:
+        if self._events is None or self._excluded:
             return
         if clean:
             if self._worker_group.group_rank in (0, None):
@@ -249,10 +290,13 @@ class FTElasticAgent(LocalElasticAgent):
     # -- overridden steps ------------------------------------------------------------
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        self._leave_if_excluded(worker_group)
         if self._membership is not None:
             self._membership.take_losses()
             self._forget_master_address(worker_group)
         super()._rendezvous(worker_group)
+        if self._membership is not None:
+            self._membership.forget_excluded()
         if self._planner is None and worker_group.group_rank == 0 and self._client is not None:
             # No model to plan for: still tell `eft top` what this round looks like.
             self._rounds += 1
@@ -264,6 +308,44 @@ class FTElasticAgent(LocalElasticAgent):
             worker_group.group_world_size,
             worker_group.workers[0].world_size if worker_group.workers else 0,
         )
+
+    def _leave_if_excluded(self, worker_group: WorkerGroup) -> None:
+        """``--eft-straggler-action exclude``: a node with a straggler leaves at this restart.
+
+        The workers are stopped and the next round not yet joined. The node marks its
+        record ``excluded`` *before* counting the others, so two straggling nodes that
+        decide at once never both leave: each sees the other as no longer running. It
+        stays (and says so) when the others alone would be fewer than ``--nnodes``' minimum.
+        Leaving: a ``node_excluded`` event, the lease revoked (the others restart without
+        it at once, not charged to --max-restarts), the rendezvous left open, exit 0.
+        """
+        monitor = self._stragglers
+        if monitor is None or not monitor.wants_exclusion():
+            return
+        node_id = self._node_lease.record.node_id
+        ranks = sorted(s.rank for s in monitor.stragglers)
+        settings = getattr(worker_group.spec.rdzv_handler, "settings", None)
+        min_nodes = getattr(settings, "min_nodes", 1)
+        try:
+            self._node_lease.set_state("excluded")
+            others = len([n for n in running_nodes(self._client, self._etcd.keys) if n != node_id])
+            why = f"without node {node_id} the job would have {others} node(s), fewer than --nnodes' minimum {min_nodes}"
+        except StoreError as exc:
+            others, why = None, f"cannot count the other nodes: {exc}"
+        if others is None or not may_leave(others, min_nodes):
+            try:
+                self._node_lease.set_state("running")
+            except StoreError:
+                pass  # the lease keeps the record; the next restart tries again
+            log.warning("straggler rank(s) %s stay: %s", ranks, why)
+            return
+        self._events.record("node_excluded", ranks=ranks, reason="straggler", remaining_nodes=others)
+        log.warning("node %s leaves the job: straggler rank(s) %s (--eft-straggler-action exclude); "
+                    "%d node(s) go on without it", node_id, ranks, others)
+        self._excluded = True
+        leave_without_closing(worker_group.spec.rdzv_handler)
+        self._node_lease.close(clean=False)
+        raise RendezvousGracefulExitError(f"node {node_id} left the job as a straggler")
 
     @staticmethod
     def _forget_master_address(worker_group: WorkerGroup) -> None:

@@ -218,6 +218,9 @@ class RiskConfig:
         0.15, "weight of the utilization-drop-while-peers-are-busy factor"
     )
     risk_weight_temp_rise: float = knob(0.10, "weight of the temperature-rise-rate factor")
+    risk_weight_straggler: float = knob(
+        0.15, "weight of the straggler factor (the GPU's rank is slower than the job or than itself)"
+    )
 
     def __post_init__(self) -> None:
         if not self.risk_window >= 10:
@@ -405,7 +408,7 @@ class HangConfig:
 
 @dataclass
 class StragglerConfig:
-    """Straggler detection from the ranks' step times (docs/hangs.md)."""
+    """Straggler detection from the ranks' step times (docs/stragglers.md)."""
 
     straggler_interval: float = knob(300.0, "seconds between two straggler checks across all ranks (0: off)")
     straggler_relative: float = knob(

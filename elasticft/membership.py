@@ -67,22 +67,41 @@ class NodeLease:
         self._key = keys.node(record.node_id)
         self.record = record
         self.lease: Lease = client.lease(ttl)
+        self._closed = False
         client.put(self._key, record.to_json(), lease=self.lease)
 
+    def set_state(self, state: str) -> None:
+        """Rewrite the record with ``state`` (running, exited, excluded); raises StoreError."""
+        self.record.state = state
+        self._client.put(self._key, self.record.to_json(), lease=self.lease)
+
     def close(self, clean: bool) -> None:
-        """Leave the job.
+        """Leave the job (a second call does nothing).
 
         ``clean`` (the workers finished) marks the record exited before revoking, so
         watchers see a departure. Otherwise the key just vanishes: to the survivors
-        that is a lost node, as it should be for an agent stopped by a signal.
+        that is a lost node, as it should be for an agent stopped by a signal, and for
+        a node that left as a straggler (state ``excluded``): the survivors restart at
+        once instead of charging their failed collectives to ``--max-restarts``.
         """
+        if self._closed:
+            return
+        self._closed = True
         if clean:
             try:
-                self.record.state = "exited"
-                self._client.put(self._key, self.record.to_json(), lease=self.lease)
+                self.set_state("exited")
             except StoreError as exc:
                 log.warning("could not mark node %s exited: %s", self.record.node_id, exc)
         self.lease.revoke()
+
+
+def running_nodes(client: EtcdClient, keys: RunKeys) -> dict[str, NodeRecord]:
+    """The members whose record says ``running``, read from etcd now (not a mirror)."""
+    items, _ = client.get_prefix(keys.nodes)
+    records: dict[str, NodeRecord] = {}
+    for item in items:
+        _store_record(records, keys.nodes, item.key, item.value)
+    return {node: r for node, r in records.items() if r.state == "running"}
 
 
 def _store_record(records: dict[str, NodeRecord], prefix: str, key: str, value: bytes) -> None:
@@ -179,6 +198,18 @@ class Membership:
             fresh, self._unreported = self._unreported, []
             self.lost.clear()
             return fresh
+
+    def forget_excluded(self) -> None:
+        """Drop unreported departures of nodes that left as stragglers (state ``excluded``).
+
+        Called after a rendezvous round completed: such a node left instead of joining
+        any later round, so the round just formed is complete without it, and its
+        departure, seen while the round formed, calls for no further restart.
+        """
+        with self._lock:
+            self._unreported = [r for r in self._unreported if r.state != "excluded"]
+            if not self._unreported:
+                self.lost.clear()
 
     def close(self) -> None:
         self._closed = True

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 # The event kinds worth telling a person about (``ckpt_request`` only when risk-driven).
 NOTIFIED_KINDS = frozenset({
     "node_lost", "node_left", "layout", "ckpt_request", "ckpt_saved", "ckpt_filtered",
-    "watchdog", "hang", "restart", "job_finished", "job_failed",
+    "watchdog", "hang", "restart", "straggler", "node_excluded", "job_finished", "job_failed",
 })
 
 SINK_KINDS = ("webhook", "command", "file")
@@ -111,6 +111,13 @@ def summary_line(event: dict) -> str:
                 f"(timeout {e.get('timeout')} s) after iteration {e.get('iteration')}; restarting the workers")
     elif kind == "restart":
         text = f"workers restarted ({e.get('reason')}); {e.get('remaining_restarts')} of {e.get('max_restarts')} restarts left"
+    elif kind == "straggler":
+        text = (f"rank {e.get('rank')} on {e.get('node')} (GPU {e.get('gpu')}) is a straggler: "
+                f"step {_num(e.get('step_time'), '.3f')} s vs the job's median {_num(e.get('job_median'), '.3f')} s "
+                f"(relative {_num(e.get('relative'))}, individual {_num(e.get('individual'))})")
+    elif kind == "node_excluded":
+        text = (f"node {source} left the job at a restart: straggler rank(s) {e.get('ranks')}; "
+                f"{e.get('remaining_nodes')} node(s) go on")
     elif kind == "watchdog":
         text = f"watchdog {e.get('check')} tripped on {e.get('target')}: {e.get('message', '')}".rstrip(": ")
     else:
@@ -120,6 +127,10 @@ def summary_line(event: dict) -> str:
     if e.get("suppressed"):
         line += f" (+{e['suppressed']} more {kind} not sent: rate limit)"
     return line
+
+
+def _num(value, spec: str = ".2f") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "?"
 
 
 class RateLimiter:

@@ -216,3 +216,22 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     if params.config.get("last_call_timeout") is None:
         params.config["last_call_timeout"] = DEFAULT_LAST_CALL_TIMEOUT
     return create_dynamic_handler(store, backend, params)
+
+
+def leave_without_closing(handler: RendezvousHandler) -> None:
+    """Stop taking part in the rendezvous without closing it for the nodes that stay.
+
+    torch's ``launch_agent`` calls ``handler.shutdown()`` whenever the agent returns,
+    and the dynamic handler's shutdown *closes* the rendezvous: right when the job is
+    over, fatal to the others when one node leaves a running job (their next round
+    would fail as closed). So this handler's shutdown becomes "stop the heartbeats";
+    the node's revoked lease makes the others' backends drop it from the round at once.
+    """
+    stop_heartbeats = getattr(handler, "_stop_heartbeats", None)
+    if stop_heartbeats is not None:
+        stop_heartbeats()
+
+    def shutdown() -> bool:
+        return True
+
+    handler.shutdown = shutdown

@@ -42,6 +42,7 @@ from elasticft.config import (
     NotifyConfig,
     PlannerConfig,
     RiskConfig,
+    StragglerConfig,
     WatchdogConfig,
     add_arguments,
     from_args,
@@ -75,6 +76,7 @@ def build_parser():
     add_arguments(parser, HangConfig, "eft hang detection (section timeouts)")
     add_arguments(parser, WatchdogConfig, "eft watchdogs (checkpoint storage, host and GPU memory, silence)")
     add_arguments(parser, NotifyConfig, "eft notifications")
+    add_arguments(parser, StragglerConfig, "eft straggler detection")
     return parser
 
 
@@ -182,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
             watchdog=from_args(WatchdogConfig, args),
             notify=from_args(NotifyConfig, args),
             hang=from_args(HangConfig, args),
+            straggler=from_args(StragglerConfig, args),
         )
         parse_faults(options.ft.inject)  # a malformed --eft-inject fails here, in one line
         if options.ckpt.kill_switch and os.path.exists(options.ckpt.kill_switch):

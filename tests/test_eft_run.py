@@ -112,6 +112,8 @@ def test_unreachable_endpoint_fails_with_one_line(tmp_path):
         (["--rdzv-conf", "lease_tll=3"], "lease_tll"),
         (["--rdzv-conf", "lease_ttl=soon"], "lease_ttl"),
         (["--eft-inject", "gpu_melt:1@3"], "--eft-inject"),
+        (["--eft-straggler-action", "kick"], "--eft-straggler-action"),
+        (["--eft-straggler-relative", "1.5"], "--eft-straggler-relative"),
     ],
 )
 def test_bad_input_gives_one_clear_line(tmp_path, args, needle):

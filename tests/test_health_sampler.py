@@ -50,7 +50,9 @@ def test_records_appear_under_the_lease_and_vanish_with_it(etcd, keys):
     record = json.loads(items[4].value)
     assert (record["node"], record["gpu"]) == ("node-a", 4)
     assert 0 <= record["score"] < 0.95 and record["triggered"] is False
-    assert set(record["factors"]) == {"temperature", "memory", "errors", "power", "utilization_drop", "temp_rise"}
+    assert set(record["factors"]) == {"temperature", "memory", "errors", "power", "utilization_drop", "temp_rise",
+                                      "straggler"}
+    assert record["factors"]["straggler"] is None  # set by the straggler monitor, not by samples
     assert record["sample"]["temperature_c"] > 0 and record["time"].startswith("2024-05-01T")
     latest_sample, latest_score = sampler.latest[("node-a", 4)]
     assert record["timestamp"] == latest_sample.timestamp == latest_score.timestamp

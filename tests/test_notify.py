@@ -52,6 +52,12 @@ def test_summary_lines():
         {"kind": "hang", "source": "n0", "rank": 3, "section": "step", "seconds": 12.5, "timeout": 10, "iteration": 7})
     assert "workers restarted (hang); 2 of 3 restarts left" in summary_line(
         {"kind": "restart", "source": "n0", "reason": "hang", "remaining_restarts": 2, "max_restarts": 3})
+    line = summary_line({"kind": "straggler", "source": "n0", "rank": 5, "node": "n0", "gpu": 1,
+                         "step_time": 0.35, "job_median": 0.05, "relative": 0.1429, "individual": 1.0})
+    assert "rank 5 on n0 (GPU 1) is a straggler" in line and "relative 0.14, individual 1.00" in line
+    line = summary_line({"kind": "node_excluded", "source": "n3", "ranks": [5], "remaining_nodes": 2})
+    assert "node n3 left the job" in line and "[5]" in line and "2 node(s) go on" in line
+    assert should_notify({"kind": "straggler"}) and should_notify({"kind": "node_excluded"})
 
 
 def test_rate_limiter_counts_and_reports_the_suppressed():

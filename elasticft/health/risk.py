@@ -1,14 +1,16 @@
 """The per-GPU risk score: a pure function of the samples seen so far, no I/O.
 
-Each GPU gets six factors in [0, 1] (docs/health.md explains each normalisation);
-the score is their weighted mean over the factors that have data, so a field the
-GPU does not report (no ECC, no power sensor) is not held against it. A critical
-event — a new uncorrected ECC error, a pending row remap, a critical Xid — sets the
-score to 1.0 by itself: with weights that add up to 1 and a threshold of 0.95,
-everything else needs several factors at once.
+Each GPU gets six telemetry factors in [0, 1] (docs/health.md explains each
+normalisation), and a seventh, ``straggler``, that comes from outside the samples:
+the agent's straggler monitor sets it with ``set_straggler`` (elasticft/stragglers.py)
+and it counts only where it raises the score. The score is the weighted mean over the
+factors that have data, so a field the GPU does not report (no ECC, no power sensor)
+is not held against it. A critical event — a new uncorrected ECC error, a pending row
+remap, a critical Xid — sets the score to 1.0 by itself: with telemetry weights that
+add up to 1 and a threshold of 0.95, everything else needs several factors at once.
 
 The model keeps, per GPU, a rolling window of plain data (``GpuHistory``); feeding
-it the same samples always gives the same scores.
+it the same samples (and straggler factors) always gives the same scores.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from ..config import RiskConfig
 from .sample import GpuSample
 
-FACTORS = ("temperature", "memory", "errors", "power", "utilization_drop", "temp_rise")
+FACTORS = ("temperature", "memory", "errors", "power", "utilization_drop", "temp_rise", "straggler")
 
 # Xids after which NVIDIA's Xid catalogue says the GPU needs a reset or is gone:
 # 48 double-bit ECC, 63/64 row remap or page retirement event/failure, 74 NVLink
@@ -161,10 +163,24 @@ class RiskModel:
         self.config = config or RiskConfig()
         self.weights = self.config.weights()
         self.history: dict[tuple[str, int], GpuHistory] = {}
+        # (node, gpu) -> the straggler factor of the rank on that GPU; a GPU whose rank
+        # was never scored has no entry, so the factor is "no data" and dilutes nothing.
+        self.stragglers: dict[tuple[str, int], float] = {}
 
     @property
     def threshold(self) -> float:
         return self.config.risk_threshold
+
+    def set_straggler(self, node: str, gpu: int, factor: float | None) -> None:
+        """The straggler factor of ``gpu`` from now on (None: no data again).
+
+        Called from the straggler monitor's thread; one dict assignment, which the
+        sampler thread reads whole.
+        """
+        if factor is None:
+            self.stragglers.pop((node, gpu), None)
+        else:
+            self.stragglers[(node, gpu)] = min(1.0, max(0.0, float(factor)))
 
     def update(self, samples: list[GpuSample]) -> list[RiskScore]:
         """Score ``samples``; one RiskScore per sample, in the same order.
@@ -243,6 +259,7 @@ class RiskModel:
             if peer_util >= BUSY_PEERS:
                 drop = ramp(peer_util - util, UTIL_DROP_START, UTIL_DROP_SPAN)
             f["utilization_drop"] = drop
+        f["straggler"] = self.stragglers.get(s.key)
         return f
 
     @staticmethod
@@ -260,12 +277,23 @@ class RiskModel:
             parts.append(sum(h.hw_slowdown) / len(h.hw_slowdown))
         return max(parts) if parts else None
 
+    def _mean(self, present: dict[str, float]) -> float:
+        """The weighted mean of the factors that have data."""
+        total = sum(self.weights[k] for k in present)
+        return sum(self.weights[k] * v for k, v in present.items()) / total if total > 0 else 0.0
+
     def _combine(self, s: GpuSample, factors: dict, critical: str | None) -> RiskScore:
         if critical:
             factors["errors"] = 1.0
         present = {k: v for k, v in factors.items() if v is not None}
-        total = sum(self.weights[k] for k in present)
-        score = sum(self.weights[k] * v for k, v in present.items()) / total if total > 0 else 0.0
+        score = self._mean(present)
+        if "straggler" in present:
+            # The straggler factor only ever raises the score: a rank keeping pace says
+            # nothing about the GPU's telemetry, so neither a healthy rank (0) nor a mild
+            # straggler on a GPU already in distress may dilute the other factors.
+            telemetry = {k: v for k, v in present.items() if k != "straggler"}
+            if telemetry and self._mean(telemetry) >= score:
+                present, score = telemetry, self._mean(telemetry)
         if critical:
             score = 1.0
         contributions = {k: self.weights[k] * v for k, v in present.items() if v > 0}

@@ -36,6 +36,15 @@ class RunKeys:
         return base if gpu is None else f"{base}{gpu}"
 
     @property
+    def all_steps(self) -> str:
+        """Prefix of every node's current step times (straggler detection)."""
+        return self.root + "steps/"
+
+    def steps(self, node_id: str) -> str:
+        """One node's ranks and their current step times, held under that node's lease."""
+        return self.all_steps + node_id
+
+    @property
     def checkpoints(self) -> str:
         """Prefix of everything the checkpoint protocol writes (request, acks, latest)."""
         return self.root + "ckpt/"
