@@ -54,6 +54,21 @@ def test_sections_step_times_and_longest(tmp_path):
     assert heartbeat(tmp_path, 1)["section"] == "other"
 
 
+def test_fast_steps_rewrite_the_heartbeat_at_most_every_50_ms(tmp_path):
+    clock = Clock()
+    writer = ProgressWriter(tmp_path, rank=0, local_rank=0, clock=clock)
+    clock.now += 1.0
+    writer.step(1)
+    clock.now += 0.01
+    writer.step(2)  # 10 ms later: not written
+    assert heartbeat(tmp_path)["iteration"] == 1
+    clock.now += 0.05
+    writer.step(3)
+    assert heartbeat(tmp_path)["iteration"] == 3 and heartbeat(tmp_path)["step_times"] == pytest.approx([0.01, 0.05])
+    writer.enter("checkpointing")  # a section change is always written
+    assert heartbeat(tmp_path)["section"] == "checkpointing"
+
+
 def test_unknown_section_and_unreadable_heartbeats(tmp_path):
     writer = ProgressWriter(tmp_path, rank=0, local_rank=0)
     with pytest.raises(ValueError, match="unknown section 'eval'"):

@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 PROGRESS_DIR = "progress"
 SECTIONS = ("setup", "step", "checkpointing", "other")
 RECENT_STEPS = 32  # step times a record carries: enough for a median, small to rewrite
+# A step() rewrites the file only if the last write is this old: a job of 5 ms steps must
+# not spend a tenth of its time on heartbeats, and the agent's timeouts (>= 5 s) and
+# straggler checks (every few minutes) cannot tell 50 ms of staleness apart.
+STEP_WRITE_INTERVAL = 0.05
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,7 @@ class ProgressWriter:
         self._nested = 0.0  # time the open step spent in nested sections
         self._work = 0.0  # time the open step spent in compute()
         self._worked = False
+        self._written = float("-inf")
         self.write()
 
     def _close_current(self, now: float) -> float:
@@ -151,7 +156,8 @@ class ProgressWriter:
         self.section, self.since = "step", now
         self._nested = self._work = 0.0
         self._worked = False
-        self.write()
+        if now - self._written >= STEP_WRITE_INTERVAL:
+            self.write()
 
     def enter(self, section: str) -> None:
         """Open a nested section; ``leave()`` returns to the one it interrupted."""
@@ -200,6 +206,7 @@ class ProgressWriter:
         }
 
     def write(self) -> None:
+        self._written = self._clock()
         try:
             write_atomically(self.path, json.dumps(self.record()))
         except OSError as exc:  # a full /tmp must not stop training; the agent sees silence
