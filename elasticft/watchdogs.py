@@ -153,7 +153,7 @@ def check_silence(last_activity: float | None, now: float, limit: float) -> Trip
     silent = now - last_activity
     if silent <= limit:
         return None
-    return Trip("silence", "workers", round(silent, 1), limit,
+    return Trip("silence", "workers", silent, limit,
                 message=f"no heartbeat or log line from any local worker for {silent:.1f} s (limit {limit:g} s)")
 
 
