@@ -194,7 +194,7 @@ def test_hung_rank_is_dumped_and_the_group_restarts(tmp_path):
     hangs = [e for e in read_jsonl(tmp_path / "notes.jsonl") if e["kind"] == "hang"]
     hung = [h for h in hangs if h["rank"] == 1]
     assert hung and hung[0]["section"] == "step" and hung[0]["iteration"] == 15 and hung[0]["timeout"] == 3
-    assert 3 < hung[0]["seconds"] <= 3 + 2
+    assert 3 <= hung[0]["seconds"] <= 3 + 2  # rounded to 0.01 s in the event
     log = job.log_path.read_text()
     assert "_rank_hung" in log  # its stack, by py-spy ("FaultInjector._rank_hung") or faulthandler
     restarts = [e for e in read_jsonl(tmp_path / "notes.jsonl") if e["kind"] == "restart"]
