@@ -30,14 +30,14 @@ import logging
 import math
 import os
 import statistics
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 from .config import StragglerConfig
-from .store import EtcdClient, Lease, RunKeys, StoreError
+from .periodic import Periodic
+from .store import EtcdClient, Lease, RunKeys
 from .worker.progress import ProgressRecord, read_progress
 
 log = logging.getLogger(__name__)
@@ -262,9 +262,7 @@ class StragglerMonitor:
         self._clock = clock
         self._latch = StragglerLatch()
         self.best: dict[tuple[str, int], float] = {}  # survives worker restarts
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._warned: str | None = None
+        self._thread: Periodic | None = None
 
     @property
     def enabled(self) -> bool:
@@ -322,23 +320,15 @@ class StragglerMonitor:
         )
 
     def start(self) -> "StragglerMonitor":
-        self._thread = threading.Thread(target=self._loop, name="eft-stragglers", daemon=True)
-        self._thread.start()
+        # The first check one interval after the start: before that no rank has steps to judge.
+        self._thread = Periodic("eft-stragglers", self.check_once, self.config.straggler_interval,
+                                run_first=False).start()
         return self
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.config.straggler_interval):
-            try:
-                self.check_once()
-                self._warned = None
-            except StoreError as exc:
-                if str(exc) != self._warned:  # one line per new problem, not one per check
-                    self._warned = str(exc)
-                    log.warning("straggler check: %s", exc)
-            except Exception:  # noqa: BLE001 - straggler detection must not take the agent down
-                log.exception("straggler check failed")
-
     def stop(self) -> None:
-        self._stop.set()
         if self._thread is not None:
-            self._thread.join(5)
+            self._thread.stop(5)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.running

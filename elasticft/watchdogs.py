@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any, Callable, Iterable
 
 from .config import WatchdogConfig
 from .health.sample import GpuSample
+from .periodic import Periodic
 from .worker.progress import progress_dir, read_progress
 
 log = logging.getLogger(__name__)
@@ -325,8 +325,7 @@ class Watchdogs:
         self._latch = Latch()
         self._usage: dict[str, CheckpointUsage] = {}  # by directory: the last size learned
         self._exit_requested = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = Periodic("eft-watchdogs", self.check_once, config.watch_interval)
         self._warned: set[str] = set()
 
     @property
@@ -392,19 +391,12 @@ class Watchdogs:
         return new
 
     def start(self) -> "Watchdogs":
-        self._thread = threading.Thread(target=self._loop, name="eft-watchdogs", daemon=True)
         self._thread.start()
         return self
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.check_once()
-            except Exception:  # noqa: BLE001 - a watchdog must not take the agent down
-                log.exception("watchdog check failed")
-            self._stop.wait(self.config.watch_interval)
-
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
+        self._thread.stop(5)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.running

@@ -416,7 +416,7 @@ def test_monitor_events_reach_etcd_and_the_thread_stops(etcd, tmp_path):
     assert (event["kind"], event["rank"], event["source"]) == ("straggler", 2, "n")
     monitor.start()
     monitor.stop()  # the stop event wakes the wait: returns at once
-    assert not monitor._thread.is_alive()
+    assert not monitor.running
 
 
 # -- eft-run end to end ----------------------------------------------------------------------

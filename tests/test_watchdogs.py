@@ -384,7 +384,7 @@ def test_thread_starts_and_stops(tmp_path):
                      read_memory=lambda: checked.append(1) or 10.0)
     dogs.start()
     dogs.stop()  # the stop event wakes the wait: returns at once
-    assert not dogs._thread.is_alive()
+    assert not dogs.running
 
 
 @pytest.mark.slow

@@ -7,11 +7,11 @@ call back again).
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 from typing import Any, Callable
 
 from ..config import ConfigError, flag_name
+from ..periodic import Periodic
 from .nvml import NvmlSource, NvmlUnavailable
 from .risk import RiskModel, RiskScore
 from .sample import GpuSample, HostSample
@@ -53,40 +53,24 @@ class HealthSampler:
         self.host_source = host_source
         self.latest: dict[tuple[str, int], tuple[GpuSample, RiskScore]] = {}
         self.latest_host: HostSample | None = None
-        self._stop = threading.Event()
-        self._wake = threading.Event()  # stop() and wake() cut the wait between samples short
-        self._thread: threading.Thread | None = None
+        self._thread = Periodic("eft-health", self.sample_once, interval)
         self._last_error: str | None = None
 
     def start(self) -> "HealthSampler":
-        if self._thread is not None:
-            raise RuntimeError("the health sampler is already started")
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="eft-health", daemon=True)
         self._thread.start()
         return self
 
     def wake(self) -> None:
         """Sample now instead of at the end of the current interval."""
-        self._wake.set()
+        self._thread.wake()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop sampling; returns as soon as a read in progress has finished."""
-        self._stop.set()
-        self._wake.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+        self._thread.stop(timeout)
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sample_once()
-            self._wake.wait(self.interval)
-            self._wake.clear()
+        return self._thread.running
 
     def _warn(self, what: str, exc: BaseException) -> None:
         message = f"{what}: {exc}"
