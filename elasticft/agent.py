@@ -38,10 +38,8 @@ from torch.distributed.elastic.agent.server.api import (
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
-from .ckpt_agent import CheckpointCoordinator
-from .events import EventLog
-from .inject import InjectedGpuSource, parse_faults
 from .auto_timeouts import SectionTimeouts
+from .ckpt_agent import CheckpointCoordinator
 from .config import (
     CheckpointConfig,
     FTConfig,
@@ -53,8 +51,10 @@ from .config import (
     StragglerConfig,
     WatchdogConfig,
 )
+from .events import EventLog
 from .hang_agent import HangMonitor
 from .health import EtcdHealthPublisher, HealthSampler, RiskModel, RiskScore, make_source
+from .inject import InjectedGpuSource, parse_faults
 from .membership import Membership, NodeLease, NodeRecord, default_node_id, running_nodes
 from .notify import Notifier
 from .rendezvous import leave_without_closing

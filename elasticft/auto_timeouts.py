@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from .config import HangConfig
+from .megatron_args import flag_value
 from .store import EtcdClient, RunKeys, StoreError
 from .worker.atomic import write_atomically
 
@@ -52,16 +53,6 @@ def merge_longest(*maps: Mapping[str, float]) -> dict[str, float]:
         for section, seconds in m.items():
             merged[section] = max(merged.get(section, 0.0), float(seconds))
     return merged
-
-
-def flag_value(argv: Sequence[str], name: str) -> str | None:
-    """The value of ``name`` in ``argv`` (``--name V`` or ``--name=V``, the last one wins)."""
-    value = None
-    for i, arg in enumerate(argv):
-        flag, eq, inline = arg.partition("=")
-        if flag == name:
-            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
-    return value
 
 
 def _parse(text: str | bytes, source: str) -> dict[str, float]:

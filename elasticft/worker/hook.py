@@ -17,7 +17,6 @@ import faulthandler
 import hashlib
 import logging
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from elasticft.config import CheckpointConfig, ConfigError, HangConfig, convert, from_env
+from elasticft.megatron_args import flag_value
 
 from .gap import gap_filter
 from .progress import ProgressWriter
@@ -63,18 +63,12 @@ NO_ACTION = Action()
 
 
 def save_interval_from_argv(argv: Sequence[str]) -> int | None:
-    """The value of Megatron's ``--save-interval`` (last one wins, as in argparse), or None."""
-    value = None
-    for i, arg in enumerate(argv):
-        name, eq, inline = arg.partition("=")
-        if name != "--save-interval":
-            continue
-        raw = inline if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-        try:
-            value = int(raw)
-        except ValueError:
-            value = None  # the training script's own parser reports it
-    return value
+    """The value of Megatron's ``--save-interval`` in ``argv``, or None."""
+    raw = flag_value(argv, "--save-interval")
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None  # the training script's own parser reports it
 
 
 def request_hash(request_id: str) -> int:
