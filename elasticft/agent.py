@@ -187,6 +187,7 @@ class FTElasticAgent(LocalElasticAgent):
                                               self._client, self._etcd.keys if self._etcd else None)
         record = self._events.record if self._events is not None else None
         self._hangs = HangMonitor(self._options.hang, timeouts, self._ckpt.run_dir, record)
+
     def _start_straggler_monitor(self, node_id: str) -> None:
         risk = self._sampler.model.set_straggler if self._sampler is not None else None
         monitor = StragglerMonitor(

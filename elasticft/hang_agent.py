@@ -47,9 +47,9 @@ class HangMonitor:
             return []
         self._next_check = mono + CHECK_INTERVAL
         records = list(read_progress(self.run_dir).values())
-        for record in records:
-            if record.pid in alive and self.timeouts.observe(record.longest):
-                self.timeouts.persist()
+        grown = [self.timeouts.observe(r.longest) for r in records if r.pid in alive]
+        if any(grown):
+            self.timeouts.persist()  # once per check, however many ranks set a new maximum
         return find_overruns(records, alive, self.timeouts.current, time.time() if now is None else now)
 
     def failure(self, overruns: list[Overrun], worker_group: WorkerGroup) -> RunResult:
