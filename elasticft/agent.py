@@ -12,7 +12,9 @@ What it changes, each through one of the agent's documented steps:
   through a new rendezvous at once, and is not charged to ``--max-restarts``. A worker
   failure is first given ``failure_grace`` seconds to be explained by a lost member:
   when a node dies its peers' collectives fail at once, but etcd only reports the
-  death when the lease runs out, and that failure is not the survivors' fault.
+  death when the lease runs out, and that failure is not the survivors' fault. A rank
+  that overran its section timeout (hang_agent.py) is a failure like a crashed one.
+* ``_restart_workers``: every restart is a ``restart`` event with its reason.
 
 With a rendezvous backend other than etcd-v3 there is no etcd to hold leases in, and
 the agent behaves exactly like torchrun's.
@@ -52,15 +54,15 @@ from .config import (
     WatchdogConfig,
 )
 from .events import EventLog
+from .exclusion import leave_if_straggler
 from .hang_agent import HangMonitor
 from .health import EtcdHealthPublisher, HealthSampler, RiskModel, RiskScore, make_source
 from .inject import InjectedGpuSource, parse_faults
-from .membership import Membership, NodeLease, NodeRecord, default_node_id, running_nodes
+from .membership import Membership, NodeLease, NodeRecord, default_node_id
 from .notify import Notifier
-from .rendezvous import leave_without_closing
 from .replan import RoundPlanner, layout_record
-from .store import RunKeys, StoreError, StoreOptions, connect
-from .stragglers import StragglerMonitor, may_leave
+from .store import RunKeys, StoreOptions, connect
+from .stragglers import StragglerMonitor
 from .watchdogs import Watchdogs, worker_activity
 
 log = logging.getLogger(__name__)
@@ -311,42 +313,13 @@ class FTElasticAgent(LocalElasticAgent):
         )
 
     def _leave_if_excluded(self, worker_group: WorkerGroup) -> None:
-        """``--eft-straggler-action exclude``: a node with a straggler leaves at this restart.
-
-        The workers are stopped and the next round not yet joined. The node marks its
-        record ``excluded`` *before* counting the others, so two straggling nodes that
-        decide at once never both leave: each sees the other as no longer running. It
-        stays (and says so) when the others alone would be fewer than ``--nnodes``' minimum.
-        Leaving: a ``node_excluded`` event, the lease revoked (the others restart without
-        it at once, not charged to --max-restarts), the rendezvous left open, exit 0.
-        """
-        monitor = self._stragglers
-        if monitor is None or not monitor.wants_exclusion():
+        """``--eft-straggler-action exclude``: leave at this restart (see exclusion.py)."""
+        if self._node_lease is None:
             return
-        node_id = self._node_lease.record.node_id
-        ranks = sorted(s.rank for s in monitor.stragglers)
-        settings = getattr(worker_group.spec.rdzv_handler, "settings", None)
-        min_nodes = getattr(settings, "min_nodes", 1)
-        try:
-            self._node_lease.set_state("excluded")
-            others = len([n for n in running_nodes(self._client, self._etcd.keys) if n != node_id])
-            why = f"without node {node_id} the job would have {others} node(s), fewer than --nnodes' minimum {min_nodes}"
-        except StoreError as exc:
-            others, why = None, f"cannot count the other nodes: {exc}"
-        if others is None or not may_leave(others, min_nodes):
-            try:
-                self._node_lease.set_state("running")
-            except StoreError:
-                pass  # the lease keeps the record; the next restart tries again
-            log.warning("straggler rank(s) %s stay: %s", ranks, why)
-            return
-        self._events.record("node_excluded", ranks=ranks, reason="straggler", remaining_nodes=others)
-        log.warning("node %s leaves the job: straggler rank(s) %s (--eft-straggler-action exclude); "
-                    "%d node(s) go on without it", node_id, ranks, others)
-        self._excluded = True
-        leave_without_closing(worker_group.spec.rdzv_handler)
-        self._node_lease.close(clean=False)
-        raise RendezvousGracefulExitError(f"node {node_id} left the job as a straggler")
+        if leave_if_straggler(self._stragglers, self._node_lease, self._client, self._etcd.keys,
+                              worker_group.spec.rdzv_handler, self._events.record):
+            self._excluded = True
+            raise RendezvousGracefulExitError(f"node {self._node_lease.record.node_id} left the job as a straggler")
 
     @staticmethod
     def _forget_master_address(worker_group: WorkerGroup) -> None:

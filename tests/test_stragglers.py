@@ -519,7 +519,7 @@ def test_eft_run_exclude_leaves_the_straggler_node_out_at_the_next_restart(tmp_p
 
 
 class FakeHandler:
-    """What _leave_if_excluded uses of torch's rendezvous handler."""
+    """What leave_if_straggler uses of torch's rendezvous handler."""
 
     def __init__(self, min_nodes):
         self.settings = type("Settings", (), {"min_nodes": min_nodes})()
