@@ -107,7 +107,7 @@ def request_latency(ranks: int = 8, trials: int = 3) -> list[float]:
     """Seconds from the etcd put of a request to the last rank's hook saying save."""
     import random
 
-    from elasticft.checkpoint import CheckpointProtocol
+    from elasticft.agent.ckpt_protocol import CheckpointProtocol
     from elasticft.store import RunKeys, StoreOptions, connect
     from tests.launch import WORKERS, Launched, eft_run, read_jsonl, wait_for
 

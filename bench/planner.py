@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from elasticft.planner import BatchFacts, ModelFacts, Policy, plan  # noqa: E402
+from elasticft.planner.layout import BatchFacts, ModelFacts, Policy, plan  # noqa: E402
 
 GPUS_PER_NODE = 8
 WORLD_SIZES = (8, 64, 512, 4096, 32768, 100_000)

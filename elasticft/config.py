@@ -341,7 +341,7 @@ class NotifyConfig:
         self.sinks()  # validates the spec
 
     def sinks(self):
-        from .notify import parse_sinks
+        from elasticft.agent.notify import parse_sinks
 
         return parse_sinks(self.notify)
 
@@ -384,7 +384,7 @@ class HangConfig:
 
     def section_timeouts(self) -> dict[str, float]:
         """``--eft-timeouts`` as section -> seconds; sections it does not name keep their default."""
-        from .worker.progress import SECTIONS
+        from elasticft.worker.progress import SECTIONS
 
         out = dict(DEFAULT_TIMEOUTS)
         for item in filter(None, (part.strip() for part in self.timeouts.split(","))):

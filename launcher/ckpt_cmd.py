@@ -1,6 +1,6 @@
 """``eft ckpt save|stop|status``: ask a running job to save, to save and stop, or report.
 
-They talk to the run's etcd like any agent does (``elasticft.checkpoint``); no etcd
+They talk to the run's etcd like any agent does (``elasticft.agent.ckpt_protocol``); no etcd
 or a malformed option gives one line and exit 2.
 """
 
@@ -12,7 +12,7 @@ from typing import NoReturn
 
 import typer
 
-from elasticft.checkpoint import CheckpointProtocol
+from elasticft.agent.ckpt_protocol import CheckpointProtocol
 from elasticft.store import RunKeys, StoreError, StoreOptions, connect
 
 ckpt_app = typer.Typer(help="Emergency checkpoints of a running job.", no_args_is_help=True)

@@ -31,8 +31,8 @@ from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
 from torch.distributed.run import get_args_parser, parse_min_max_nnodes
 from torch.distributed.run import run as torchrun_run
 
-from elasticft import torchrun_plugin
-from elasticft.agent import AgentOptions, EtcdTarget, FTElasticAgent
+from elasticft.rendezvous import plugin as torchrun_plugin
+from elasticft.agent.agent import AgentOptions, EtcdTarget, FTElasticAgent
 from elasticft.config import (
     CheckpointConfig,
     ConfigError,
@@ -47,9 +47,9 @@ from elasticft.config import (
     add_arguments,
     from_args,
 )
-from elasticft.inject import parse_faults
-from elasticft.planner import NoLegalLayout
-from elasticft.rendezvous import EtcdRendezvousOptions, RendezvousConfigError, close_watches
+from elasticft.agent.inject import parse_faults
+from elasticft.planner.layout import NoLegalLayout
+from elasticft.rendezvous.backend import EtcdRendezvousOptions, RendezvousConfigError, close_watches
 from elasticft.store import EmbeddedEtcd, EtcdNotFound, RunKeys, StoreError
 
 log = logging.getLogger("elasticft")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from elasticft.planner import BatchFacts, ModelFacts, Policy
+from elasticft.planner.layout import BatchFacts, ModelFacts, Policy
 
 
 @dataclass(frozen=True)

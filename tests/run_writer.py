@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import time
 
-from elasticft.checkpoint import CheckpointProtocol
-from elasticft.ckpt_agent import CheckpointCoordinator
+from elasticft.agent.ckpt_protocol import CheckpointProtocol
+from elasticft.agent.checkpoints import CheckpointCoordinator
 from elasticft.config import RiskConfig
-from elasticft.events import EventLog
+from elasticft.agent.events import EventLog
 from elasticft.health import EtcdHealthPublisher, GpuSample, RiskModel, RiskScore
-from elasticft.membership import NodeLease, NodeRecord
-from elasticft.planner import BatchFacts, ModelFacts, plan
-from elasticft.replan import layout_record
+from elasticft.rendezvous.membership import NodeLease, NodeRecord
+from elasticft.planner.layout import BatchFacts, ModelFacts, plan
+from elasticft.agent.replan import layout_record
 from elasticft.store import EtcdClient, RunKeys
 
 MODEL = ModelFacts(num_layers=8, num_attention_heads=8, hidden_size=512, seq_length=128)

@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from elasticft.checkpoint import CheckpointProtocol, gap_filter
-from elasticft.events import EventLog
-from elasticft.relay import CheckpointRelay
+from elasticft.agent.ckpt_protocol import CheckpointProtocol, gap_filter
+from elasticft.agent.events import EventLog
+from elasticft.agent.relay import CheckpointRelay
 from elasticft.store import RunKeys
 
 

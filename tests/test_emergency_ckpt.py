@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from elasticft.checkpoint import CheckpointProtocol
-from elasticft.events import EventLog
+from elasticft.agent.ckpt_protocol import CheckpointProtocol
+from elasticft.agent.events import EventLog
 from elasticft.store import RunKeys, StoreOptions, connect
 from tests.launch import WORKERS, Launched, eft_run, read_jsonl, wait_for
 

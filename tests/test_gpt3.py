@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from elasticft.megatron_args import model_facts_from_argv, rewrite_megatron_args
+from elasticft.planner.megatron_args import model_facts_from_argv, rewrite_megatron_args
 from elasticft.worker import CheckpointDir
 from tests.launch import Launched, eft_run, read_jsonl, torchrun, wait_for
 

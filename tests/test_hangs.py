@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from elasticft.auto_timeouts import MIN_LEARNED, TIMEOUTS_FILE, SectionTimeouts, learned_timeouts
+from elasticft.agent.auto_timeouts import MIN_LEARNED, TIMEOUTS_FILE, SectionTimeouts, learned_timeouts
 from elasticft.config import ConfigError, HangConfig
-from elasticft.hangs import find_overruns
-from elasticft.megatron_args import flag_value
+from elasticft.agent.hangs import find_overruns
+from elasticft.planner.megatron_args import flag_value
 from elasticft.store import RunKeys
 from elasticft.worker.progress import ProgressRecord, ProgressWriter, read_progress
 from tests.launch import WORKERS, Launched, eft_run, read_jsonl, wait_for

@@ -3,7 +3,7 @@
 import pytest
 
 from elasticft.config import ConfigError
-from elasticft.inject import DEGRADE_MARKER, Fault, FaultInjector, InjectedGpuSource, parse_faults
+from elasticft.agent.inject import DEGRADE_MARKER, Fault, FaultInjector, InjectedGpuSource, parse_faults
 from elasticft.health import RiskModel
 from elasticft.config import RiskConfig
 

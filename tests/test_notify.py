@@ -7,8 +7,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from elasticft.config import ConfigError, NotifyConfig
-from elasticft.events import EventLog
-from elasticft.notify import Notifier, RateLimiter, Sink, parse_sinks, should_notify, summary_line
+from elasticft.agent.events import EventLog
+from elasticft.agent.notify import Notifier, RateLimiter, Sink, parse_sinks, should_notify, summary_line
 from elasticft.store import RunKeys
 
 
@@ -137,7 +137,7 @@ def test_failures_are_logged_once_and_never_raised(tmp_path, caplog):
            Sink("file", str(tmp_path / "no-such-dir" / "x.jsonl"))]
     good = tmp_path / "good.jsonl"
     notifier = Notifier([*bad, Sink("file", str(good))], rate_limit=0, timeout=2)
-    with caplog.at_level("WARNING", logger="elasticft.notify"):
+    with caplog.at_level("WARNING", logger="elasticft.agent.notify"):
         for i in range(3):
             assert notifier.send({"kind": "layout", "source": "n0", "i": i})
         notifier.flush()

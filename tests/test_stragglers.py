@@ -11,11 +11,11 @@ import uuid
 import pytest
 
 from elasticft.config import ConfigError, RiskConfig, StragglerConfig
-from elasticft.events import EventLog
+from elasticft.agent.events import EventLog
 from elasticft.health import GpuSample, RiskModel
-from elasticft.membership import Membership, NodeLease, NodeRecord, running_nodes
+from elasticft.rendezvous.membership import Membership, NodeLease, NodeRecord, running_nodes
 from elasticft.store import RunKeys
-from elasticft.stragglers import (
+from elasticft.agent.stragglers import (
     MIN_STEPS,
     RankStep,
     StragglerLatch,
@@ -549,7 +549,7 @@ def straggling_agent(etcd, keys, tmp_path, min_nodes):
 
 @pytest.mark.parametrize("min_nodes", [2, 3])
 def test_a_straggling_node_stays_when_the_others_are_too_few(etcd, tmp_path, min_nodes):
-    from elasticft.agent import FTElasticAgent
+    from elasticft.agent.agent import FTElasticAgent
 
     keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
     other = NodeLease(etcd, keys, NodeRecord("other", "h", "h", 2), ttl=3)
@@ -565,7 +565,7 @@ def test_a_straggling_node_stays_when_the_others_are_too_few(etcd, tmp_path, min
 def test_a_straggling_node_leaves_without_closing_the_rendezvous(etcd, tmp_path):
     from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
-    from elasticft.agent import FTElasticAgent
+    from elasticft.agent.agent import FTElasticAgent
 
     keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
     other = NodeLease(etcd, keys, NodeRecord("other", "h", "h", 2), ttl=3)

@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from elasticft.checkpoint import CheckpointProtocol
+from elasticft.agent.ckpt_protocol import CheckpointProtocol
 from elasticft.config import ConfigError, WatchdogConfig
-from elasticft.events import EventLog
+from elasticft.agent.events import EventLog
 from elasticft.health.sample import GpuSample
 from elasticft.store import RunKeys
-from elasticft.watchdogs import (
+from elasticft.agent.watchdogs import (
     CheckpointUsage,
     Latch,
     Trip,

@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any, Callable
 
-from .sample import GpuSample
+from elasticft.health.sample import GpuSample
 
 log = logging.getLogger(__name__)
 

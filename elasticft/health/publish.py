@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 
-from ..store import EtcdClient, Lease, RunKeys
-from .risk import RiskScore
-from .sample import GpuSample
+from elasticft.store import EtcdClient, Lease, RunKeys
+from elasticft.health.risk import RiskScore
+from elasticft.health.sample import GpuSample
 
 
 def health_record(sample: GpuSample, score: RiskScore) -> dict:

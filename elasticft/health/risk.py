@@ -20,8 +20,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..config import RiskConfig
-from .sample import GpuSample
+from elasticft.config import RiskConfig
+from elasticft.health.sample import GpuSample
 
 FACTORS = ("temperature", "memory", "errors", "power", "utilization_drop", "temp_rise", "straggler")
 

@@ -10,13 +10,13 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from ..config import ConfigError, flag_name
-from ..periodic import Periodic
-from .nvml import NvmlSource, NvmlUnavailable
-from .risk import RiskModel, RiskScore
-from .sample import GpuSample, HostSample
-from .sources import HostSource, ReplaySource, Source
-from .trace import TraceError
+from elasticft.config import ConfigError, flag_name
+from elasticft.periodic import Periodic
+from elasticft.health.nvml import NvmlSource, NvmlUnavailable
+from elasticft.health.risk import RiskModel, RiskScore
+from elasticft.health.sample import GpuSample, HostSample
+from elasticft.health.sources import HostSource, ReplaySource, Source
+from elasticft.health.trace import TraceError
 
 log = logging.getLogger(__name__)
 

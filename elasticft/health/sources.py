@@ -18,9 +18,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
-from .nvml import NvmlSource, NvmlUnavailable
-from .sample import DiskSpace, GpuSample, HostSample
-from .trace import TraceError, batches, read_trace
+from elasticft.health.nvml import NvmlSource, NvmlUnavailable
+from elasticft.health.sample import DiskSpace, GpuSample, HostSample
+from elasticft.health.trace import TraceError, batches, read_trace
 
 
 class Source(Protocol):

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from .risk import RiskModel, RiskScore
-from .sample import GpuSample, iso_time
-from .trace import batches
+from elasticft.health.risk import RiskModel, RiskScore
+from elasticft.health.sample import GpuSample, iso_time
+from elasticft.health.trace import batches
 
 
 @dataclass

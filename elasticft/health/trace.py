@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from .sample import GpuSample
+from elasticft.health.sample import GpuSample
 
 
 class TraceError(ValueError):

@@ -1,6 +1,6 @@
 """Everything eft says to etcd goes through this package."""
 
-from .client import (
+from elasticft.store.client import (
     EtcdClient,
     KeyValue,
     Lease,
@@ -10,8 +10,8 @@ from .client import (
     WatchEvent,
     connect,
 )
-from .keys import RunKeys
-from .server import EmbeddedEtcd, EtcdNotFound, find_etcd, free_port
+from elasticft.contract.keys import RunKeys
+from elasticft.store.server import EmbeddedEtcd, EtcdNotFound, find_etcd, free_port
 
 __all__ = [
     "EmbeddedEtcd",

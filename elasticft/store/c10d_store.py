@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from torch.distributed import DistStoreError, Store
 
-from .client import EtcdClient
+from elasticft.store.client import EtcdClient
 
 
 def _as_bytes(value) -> bytes:

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .client import StoreError, StoreOptions, connect
+from elasticft.store.client import StoreError, StoreOptions, connect
 
 log = logging.getLogger(__name__)
 

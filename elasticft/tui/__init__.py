@@ -5,12 +5,12 @@
 that data with rich or as plain text; ``live`` is the redraw loop.
 """
 
-from .live import Dashboard
-from .mirror import RunMirror, read_state
-from .render import frame, rows_that_fit
-from .state import LostNode, Record, RunState
-from .text import status_text
-from .view import SORTS, View, ViewSettings, build_view, fit
+from elasticft.tui.live import Dashboard
+from elasticft.tui.mirror import RunMirror, read_state
+from elasticft.tui.render import frame, rows_that_fit
+from elasticft.tui.state import LostNode, Record, RunState
+from elasticft.tui.text import status_text
+from elasticft.tui.view import SORTS, View, ViewSettings, build_view, fit
 
 __all__ = [
     "Dashboard",

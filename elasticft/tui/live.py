@@ -11,8 +11,8 @@ import threading
 import time
 from typing import Callable
 
-from .mirror import RunMirror
-from .view import View, ViewSettings, build_view
+from elasticft.tui.mirror import RunMirror
+from elasticft.tui.view import View, ViewSettings, build_view
 
 AGE_TICK = 1.0
 

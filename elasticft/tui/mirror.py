@@ -19,9 +19,9 @@ import threading
 import time
 from collections import deque
 
-from ..membership import NodeRecord, apply_node_events
-from ..store import EtcdClient, RunKeys, StoreError, WatchEvent
-from .state import LostNode, Record, RunState
+from elasticft.rendezvous.membership import NodeRecord, apply_node_events
+from elasticft.store import EtcdClient, RunKeys, StoreError, WatchEvent
+from elasticft.tui.state import LostNode, Record, RunState
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from . import text as fmt
-from .view import GpuRow, LostRow, View, fit
+from elasticft.tui import text as fmt
+from elasticft.tui.view import GpuRow, LostRow, View, fit
 
 LEVEL_STYLE = {"ok": "green", "warn": "yellow", "high": "bold red"}
 STATE_STYLE = {

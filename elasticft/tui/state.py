@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..membership import NodeRecord
+from elasticft.rendezvous.membership import NodeRecord
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ the same thing the same way.
 
 from __future__ import annotations
 
-from .view import GpuRow, Header, LostRow, View, fit
+from elasticft.tui.view import GpuRow, Header, LostRow, View, fit
 
 NONE = "-"
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .state import RunState
+from elasticft.tui.state import RunState
 
 SORTS = ("risk", "node")
 LOW_RISK = 0.5  # below this a GPU is green; from here to the threshold, yellow

@@ -27,12 +27,12 @@ import torch
 import torch.distributed as dist
 
 from elasticft.config import CheckpointConfig, ConfigError, HangConfig, convert, from_env
-from elasticft.megatron_args import flag_value
+from elasticft.planner.megatron_args import flag_value
 
-from .gap import gap_filter
-from .progress import ProgressWriter
-from .relay import Outbox, Request, RequestFile
-from .signals import ExitSignals
+from elasticft.worker.gap import gap_filter
+from elasticft.worker.progress import ProgressWriter
+from elasticft.worker.relay import Outbox, Request, RequestFile
+from elasticft.worker.signals import ExitSignals
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .atomic import write_atomically
+from elasticft.worker.atomic import write_atomically
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(HERE)]
 
-from elasticft.events import EventLog  # noqa: E402
+from elasticft.agent.events import EventLog  # noqa: E402
 from elasticft.store import EmbeddedEtcd, RunKeys, StoreOptions, connect  # noqa: E402
 from story import tell  # noqa: E402
 

@@ -314,7 +314,7 @@ class Log:
 def main(argv=None) -> int:
     args = parse_args(argv)
     trainer = Trainer(args)
-    from elasticft.inject import FaultInjector
+    from elasticft.agent.inject import FaultInjector
     from elasticft.worker import CheckpointDir, Hook
 
     rank = trainer.rank

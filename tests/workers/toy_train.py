@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from elasticft.inject import FaultInjector
+from elasticft.agent.inject import FaultInjector
 from elasticft.worker import CheckpointDir, Hook
 
 parser = argparse.ArgumentParser()

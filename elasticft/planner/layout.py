@@ -4,7 +4,7 @@ Pure functions, no I/O, deterministic. ``plan`` takes the model and batch facts,
 GPU count of every live node (in rank order) and the operator's policy, and returns
 the layout eft-run restarts Megatron with, plus the ranks left spare. The rules are
 Megatron's (megatron-core 0.16 and Megatron-LM's argument checks); docs/planner.md
-lists them with the choice order and the cost model (``elasticft.layout_cost``).
+lists them with the choice order and the cost model (``elasticft.planner.cost``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from elasticft import layout_cost
-from elasticft.plan_facts import BatchFacts, ModelFacts, Policy, with_limits
+from elasticft.planner import cost as layout_cost
+from elasticft.planner.facts import BatchFacts, ModelFacts, Policy, with_limits
 
 __all__ = ["BatchFacts", "Layout", "ModelFacts", "NoLegalLayout", "Plan", "Policy", "divisors",
            "explain_no_layout", "legal_layouts", "plan", "plan_env", "select_gpus", "with_limits"]

@@ -35,10 +35,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from .config import StragglerConfig
-from .periodic import Periodic
-from .store import EtcdClient, Lease, RunKeys
-from .worker.progress import ProgressRecord, read_progress
+from elasticft.config import StragglerConfig
+from elasticft.periodic import Periodic
+from elasticft.store import EtcdClient, Lease, RunKeys
+from elasticft.worker.progress import ProgressRecord, read_progress
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Callable
 
-from .config import ConfigError, flag_name
+from elasticft.config import ConfigError, flag_name
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from . import __version__
-from .store import EtcdClient, Lease, RunKeys, StoreError, WatchEvent
+from elasticft import __version__
+from elasticft.store import EtcdClient, Lease, RunKeys, StoreError, WatchEvent
 
 log = logging.getLogger(__name__)
 

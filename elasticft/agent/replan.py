@@ -18,10 +18,10 @@ import json
 import logging
 from dataclasses import dataclass, replace
 
-from .config import PlannerConfig
-from .megatron_args import MegatronFacts, load_model_config, model_facts_from_argv, rewrite_megatron_args
-from .plan_facts import with_limits
-from .planner import NoLegalLayout, Plan, plan, plan_env
+from elasticft.config import PlannerConfig
+from elasticft.planner.megatron_args import MegatronFacts, load_model_config, model_facts_from_argv, rewrite_megatron_args
+from elasticft.planner.facts import with_limits
+from elasticft.planner.layout import NoLegalLayout, Plan, plan, plan_env
 
 log = logging.getLogger(__name__)
 

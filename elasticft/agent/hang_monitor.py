@@ -15,10 +15,10 @@ from typing import Callable
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from .auto_timeouts import SectionTimeouts
-from .config import HangConfig
-from .hangs import FAULTHANDLER_GRACE, Overrun, dump_stacks, find_overruns
-from .worker.progress import progress_dir, read_progress
+from elasticft.agent.auto_timeouts import SectionTimeouts
+from elasticft.config import HangConfig
+from elasticft.agent.hangs import FAULTHANDLER_GRACE, Overrun, dump_stacks, find_overruns
+from elasticft.worker.progress import progress_dir, read_progress
 
 log = logging.getLogger(__name__)
 

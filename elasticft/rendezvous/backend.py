@@ -15,7 +15,7 @@ that node's heartbeat in the state it returns, so torch's own sanitizer drops it
 the next sync. Nodes with no lease record (plain torchrun) keep torch's behaviour.
 
 Registered as ``etcd-v3`` through the ``torchrun.handlers`` entry point
-(``elasticft.torchrun_plugin``), so
+(``elasticft.rendezvous.plugin``), so
 ``torchrun --rdzv-backend etcd-v3`` works as well as ``eft-run``.
 """
 
@@ -37,10 +37,10 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     create_handler as create_dynamic_handler,
 )
 
-from .membership import Membership
-from .store import EtcdClient, RunKeys, StoreOptions, StoreUnavailable, connect
-from .store.c10d_store import EtcdStore
-from .torchrun_plugin import BACKEND_NAME
+from elasticft.rendezvous.membership import Membership
+from elasticft.store import EtcdClient, RunKeys, StoreOptions, StoreUnavailable, connect
+from elasticft.store.c10d_store import EtcdStore
+from elasticft.rendezvous.plugin import BACKEND_NAME
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from .events import EventLog
-from .store import EtcdClient, RunKeys
-from .worker.gap import gap_filter  # the gap rule lives with the workers that apply it
+from elasticft.agent.events import EventLog
+from elasticft.store import EtcdClient, RunKeys
+from elasticft.worker.gap import gap_filter  # the gap rule lives with the workers that apply it
 
 __all__ = ["REASONS", "CheckpointProtocol", "CheckpointRequest", "gap_filter"]
 

@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .config import WatchdogConfig
-from .health.sample import GpuSample
-from .periodic import Periodic
-from .worker.progress import progress_dir, read_progress
+from elasticft.config import WatchdogConfig
+from elasticft.health.sample import GpuSample
+from elasticft.periodic import Periodic
+from elasticft.worker.progress import progress_dir, read_progress
 
 log = logging.getLogger(__name__)
 

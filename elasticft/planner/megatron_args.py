@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from elasticft.config import ConfigError
-from elasticft.planner import BatchFacts, ModelFacts, Policy
+from elasticft.planner.layout import BatchFacts, ModelFacts, Policy
 
 TP_FLAG = "--tensor-model-parallel-size"
 PP_FLAG = "--pipeline-model-parallel-size"

@@ -18,9 +18,9 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from .checkpoint import CheckpointProtocol, CheckpointRequest
-from .store import EtcdClient, RunKeys, StoreError, WatchEvent
-from .worker.atomic import write_atomically
+from elasticft.agent.ckpt_protocol import CheckpointProtocol, CheckpointRequest
+from elasticft.store import EtcdClient, RunKeys, StoreError, WatchEvent
+from elasticft.worker.atomic import write_atomically
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ConfigError, flag_name
-from .health.sample import GpuSample
-from .worker.atomic import write_atomically
+from elasticft.config import ConfigError, flag_name
+from elasticft.health.sample import GpuSample
+from elasticft.worker.atomic import write_atomically
 
 KINDS = ("gpu_degrade", "rank_killed", "rank_hung", "node_lost")
 _SPEC = re.compile(r"^(?P<kind>[a-z_]+):(?P<target>\d+)@(?P<iteration>\d+)$")

@@ -11,7 +11,7 @@ import logging
 import time
 import uuid
 
-from .store import EtcdClient, RunKeys, StoreError
+from elasticft.store import EtcdClient, RunKeys, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ class EventLog:
         self._client = client
         self._keys = keys
         self._source = source
-        # An elasticft.notify.Notifier: every recorded event is also offered to it (it
+        # An elasticft.agent.notify.Notifier: every recorded event is also offered to it (it
         # picks the kinds worth a notification); how events are stored does not change.
         self.notifier = notifier
 

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .checkpoint import CheckpointProtocol, CheckpointRequest
-from .config import CheckpointConfig
-from .relay import CheckpointRelay
-from .store import EtcdClient, RunKeys
+from elasticft.agent.ckpt_protocol import CheckpointProtocol, CheckpointRequest
+from elasticft.config import CheckpointConfig
+from elasticft.agent.relay import CheckpointRelay
+from elasticft.store import EtcdClient, RunKeys
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from .membership import NodeLease, running_nodes
-from .rendezvous import leave_without_closing
-from .store import EtcdClient, RunKeys, StoreError
-from .stragglers import StragglerMonitor, may_leave
+from elasticft.rendezvous.membership import NodeLease, running_nodes
+from elasticft.rendezvous.backend import leave_without_closing
+from elasticft.store import EtcdClient, RunKeys, StoreError
+from elasticft.agent.stragglers import StragglerMonitor, may_leave
 
 log = logging.getLogger(__name__)
 

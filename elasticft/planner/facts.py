@@ -1,6 +1,6 @@
 """The planner's inputs: what it knows about the model and the batch, and the policy.
 
-Plain validated dataclasses; ``elasticft.planner`` re-exports them.
+Plain validated dataclasses; ``elasticft.planner.layout`` re-exports them.
 """
 
 from __future__ import annotations

@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .config import HangConfig
-from .megatron_args import flag_value
-from .store import EtcdClient, RunKeys, StoreError
-from .worker.atomic import write_atomically
+from elasticft.config import HangConfig
+from elasticft.planner.megatron_args import flag_value
+from elasticft.store import EtcdClient, RunKeys, StoreError
+from elasticft.worker.atomic import write_atomically
 
 log = logging.getLogger(__name__)
 

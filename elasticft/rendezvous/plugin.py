@@ -9,7 +9,7 @@ BACKEND_NAME = "etcd-v3"
 
 def create_etcd_v3_handler(params):
     """Registry creator: ``RendezvousParameters`` -> ``RendezvousHandler``."""
-    from .rendezvous import create_handler
+    from elasticft.rendezvous.backend import create_handler
 
     return create_handler(params)
 

@@ -40,9 +40,9 @@ from torch.distributed.elastic.agent.server.api import (
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
-from .auto_timeouts import SectionTimeouts
-from .ckpt_agent import CheckpointCoordinator
-from .config import (
+from elasticft.agent.auto_timeouts import SectionTimeouts
+from elasticft.agent.checkpoints import CheckpointCoordinator
+from elasticft.config import (
     CheckpointConfig,
     FTConfig,
     HangConfig,
@@ -53,17 +53,17 @@ from .config import (
     StragglerConfig,
     WatchdogConfig,
 )
-from .events import EventLog
-from .exclusion import leave_if_straggler
-from .hang_agent import HangMonitor
-from .health import EtcdHealthPublisher, HealthSampler, RiskModel, RiskScore, make_source
-from .inject import InjectedGpuSource, parse_faults
-from .membership import Membership, NodeLease, NodeRecord, default_node_id
-from .notify import Notifier
-from .replan import RoundPlanner, layout_record
-from .store import RunKeys, StoreOptions, connect
-from .stragglers import StragglerMonitor
-from .watchdogs import Watchdogs, worker_activity
+from elasticft.agent.events import EventLog
+from elasticft.agent.exclusion import leave_if_straggler
+from elasticft.agent.hang_monitor import HangMonitor
+from elasticft.health import EtcdHealthPublisher, HealthSampler, RiskModel, RiskScore, make_source
+from elasticft.agent.inject import InjectedGpuSource, parse_faults
+from elasticft.rendezvous.membership import Membership, NodeLease, NodeRecord, default_node_id
+from elasticft.agent.notify import Notifier
+from elasticft.agent.replan import RoundPlanner, layout_record
+from elasticft.store import RunKeys, StoreOptions, connect
+from elasticft.agent.stragglers import StragglerMonitor
+from elasticft.agent.watchdogs import Watchdogs, worker_activity
 
 log = logging.getLogger(__name__)
 
