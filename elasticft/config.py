@@ -1,127 +1,29 @@
-"""Configuration: one documented dataclass per concern.
+"""Configuration: one documented dataclass per concern, and ``Settings``, the list of them.
 
-Every field is a knob with three spellings: a flag ``--eft-<name>``, an environment
-variable ``EFT_<NAME>`` and the default written here. ``add_arguments`` turns a
-dataclass into argparse flags so that the three can never drift apart; the field's
-``help`` metadata is the one line of help.
+Each field is a knob (``elasticft.knobs``): a flag ``--eft-<name>``, a variable
+``EFT_<NAME>`` and the default written here, with one line of help. A new concern is a
+new dataclass here and one field in ``Settings``; the launcher and the agent take
+every concern from there.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import os
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+import json
+from dataclasses import dataclass
 
-T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A user-supplied setting is malformed; the message names it and what was expected."""
-
-
-def knob(default: Any, help: str) -> Any:
-    """A config field with its one line of help."""
-    return field(default=default, metadata={"help": help})
-
-
-def flag_name(name: str) -> str:
-    return "--eft-" + name.replace("_", "-")
-
-
-def env_name(name: str) -> str:
-    return "EFT_" + name.upper()
-
-
-def parse_bool(text: str) -> bool:
-    lowered = str(text).strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"expected true/false, got {text!r}")
-
-
-def _converter(default: Any):
-    if isinstance(default, bool):
-        return parse_bool
-    if isinstance(default, (int, float)):
-        return type(default)
-    return str
-
-
-def convert(name: str, raw: Any, default: Any, source: str) -> Any:
-    """Convert ``raw`` to the type of ``default``; a clear ConfigError names ``source``."""
-    try:
-        return _converter(default)(raw)
-    except (TypeError, ValueError):
-        kind = type(default).__name__
-        raise ConfigError(f"{source}: expected {kind}, got {raw!r}") from None
-
-
-def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
-    """Add one ``--eft-*`` flag per field of ``cls``; ``EFT_*`` variables set their default."""
-    group = parser.add_argument_group(title)
-    for f in dataclasses.fields(cls):
-        env = env_name(f.name)
-        default = f.default
-        if env in os.environ:
-            default = convert(f.name, os.environ[env], f.default, env)
-        flag = flag_name(f.name)
-
-        def to_value(raw, _f=f, _flag=flag):
-            try:
-                return _converter(_f.default)(raw)
-            except (TypeError, ValueError):
-                raise argparse.ArgumentTypeError(
-                    f"expected {type(_f.default).__name__}, got {raw!r}"
-                ) from None
-
-        if isinstance(f.default, bool):  # a switch: --eft-x turns it on, --no-eft-x off
-            group.add_argument(
-                flag,
-                "--no-" + flag[2:],
-                dest="eft_" + f.name,
-                action=argparse.BooleanOptionalAction,
-                default=default,
-                help=f"{f.metadata['help']} (env {env}, default {'on' if f.default else 'off'})",
-            )
-            continue
-        group.add_argument(
-            flag,
-            dest="eft_" + f.name,
-            type=to_value,
-            default=default,
-            help=f"{f.metadata['help']} (env {env}, default {f.default!r})",
-        )
-
-
-def from_args(cls: type[T], args: argparse.Namespace) -> T:
-    """Build ``cls`` from the flags added by ``add_arguments``."""
-    return cls(**{f.name: getattr(args, "eft_" + f.name) for f in dataclasses.fields(cls)})
-
-
-def from_env(cls: type[T]) -> T:
-    """Build ``cls`` from ``EFT_*`` variables alone (for code that has no parser)."""
-    values = {}
-    for f in dataclasses.fields(cls):
-        env = env_name(f.name)
-        if env in os.environ:
-            values[f.name] = convert(f.name, os.environ[env], f.default, env)
-    return cls(**values)
-
-
-def signal_number(name: str, knob_name: str) -> int:
-    """``SIGUSR1`` or ``USR1`` -> its number; a ConfigError naming the knob otherwise."""
-    import signal as _signal
-
-    text = name.strip()
-    try:
-        return int(_signal.Signals[text if text.startswith("SIG") else "SIG" + text])
-    except KeyError:
-        raise ConfigError(f"{flag_name(knob_name)}: unknown signal {text!r}") from None
-
+from elasticft.knobs import (  # noqa: F401 - re-exported: the config API in one import
+    ConfigError,
+    add_arguments,
+    convert,
+    env_name,
+    flag_name,
+    from_args,
+    from_env,
+    knob,
+    signal_number,
+)
+from elasticft.contract.progress import SECTIONS
 
 @dataclass
 class FTConfig:
@@ -340,10 +242,51 @@ class NotifyConfig:
             raise ConfigError(f"{flag_name('notify_window')}: expected seconds > 0, got {self.notify_window}")
         self.sinks()  # validates the spec
 
-    def sinks(self):
-        from elasticft.agent.notify import parse_sinks
-
+    def sinks(self) -> list[Sink]:
         return parse_sinks(self.notify)
+
+
+SINK_KINDS = ("webhook", "command", "file")
+
+
+@dataclass(frozen=True)
+class Sink:
+    kind: str  # webhook, command or file
+    target: str
+
+    def __str__(self) -> str:
+        if self.kind == "webhook":  # the path of a chat webhook is its secret: name the host only
+            scheme, _, rest = self.target.partition("://")
+            return f"webhook:{scheme}://{rest.split('/', 1)[0]}/..."
+        return f"{self.kind}:{self.target}"
+
+
+def parse_sinks(spec: str) -> list[Sink]:
+    """``--eft-notify``'s value: empty, one ``KIND:TARGET`` or a JSON list of them."""
+    spec = spec.strip()
+    if not spec:
+        return []
+    if spec.startswith("["):
+        try:
+            items = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{flag_name('notify')}: not a JSON list of sinks: {exc}") from None
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ConfigError(f"{flag_name('notify')}: expected a JSON list of \"KIND:TARGET\" strings")
+    else:
+        items = [spec]
+    sinks = []
+    for item in items:
+        kind, sep, target = item.partition(":")
+        kind = kind.strip()
+        if not sep or kind not in SINK_KINDS or not target.strip():
+            raise ConfigError(
+                f"{flag_name('notify')}: expected KIND:TARGET with KIND one of {', '.join(SINK_KINDS)}, got {item!r}"
+            )
+        if kind == "webhook" and not target.startswith(("http://", "https://")):
+            raise ConfigError(f"{flag_name('notify')}: a webhook needs an http(s) URL, got {target!r}")
+        sinks.append(Sink(kind, target.strip()))
+    return sinks
 
 
 DEFAULT_TIMEOUTS = {"setup": 600.0, "step": 180.0, "checkpointing": 420.0, "other": 300.0}
@@ -384,8 +327,6 @@ class HangConfig:
 
     def section_timeouts(self) -> dict[str, float]:
         """``--eft-timeouts`` as section -> seconds; sections it does not name keep their default."""
-        from elasticft.worker.progress import SECTIONS
-
         out = dict(DEFAULT_TIMEOUTS)
         for item in filter(None, (part.strip() for part in self.timeouts.split(","))):
             name, eq, value = item.partition("=")

@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from elasticft.worker import CheckpointDir, Hook
-from elasticft.worker.atomic import write_atomically
+from elasticft.contract.run_dir import write_atomically
 from tests.launch import wait_for
 
 # -- the agent's side of the relay ---------------------------------------------------------

@@ -14,9 +14,10 @@ from elasticft.agent.checkpoints import CheckpointCoordinator
 from elasticft.config import RiskConfig
 from elasticft.agent.events import EventLog
 from elasticft.health import EtcdHealthPublisher, GpuSample, RiskModel, RiskScore
-from elasticft.rendezvous.membership import NodeLease, NodeRecord
+from elasticft.contract.records import NodeRecord
+from elasticft.rendezvous.membership import NodeLease
 from elasticft.planner.layout import BatchFacts, ModelFacts, plan
-from elasticft.agent.replan import layout_record
+from elasticft.contract.records import layout_record
 from elasticft.store import EtcdClient, RunKeys
 
 MODEL = ModelFacts(num_layers=8, num_attention_heads=8, hidden_size=512, seq_length=128)

@@ -6,7 +6,8 @@ import uuid
 
 import pytest
 
-from elasticft.agent.ckpt_protocol import CheckpointProtocol, gap_filter
+from elasticft.agent.ckpt_protocol import CheckpointProtocol
+from elasticft.worker.gap import gap_filter
 from elasticft.agent.events import EventLog
 from elasticft.agent.relay import CheckpointRelay
 from elasticft.store import RunKeys

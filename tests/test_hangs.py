@@ -13,7 +13,8 @@ from elasticft.config import ConfigError, HangConfig
 from elasticft.agent.hangs import find_overruns
 from elasticft.planner.megatron_args import flag_value
 from elasticft.store import RunKeys
-from elasticft.worker.progress import ProgressRecord, ProgressWriter, read_progress
+from elasticft.contract.progress import ProgressRecord, read_progress
+from elasticft.worker.progress import ProgressWriter
 from tests.launch import WORKERS, Launched, eft_run, read_jsonl, wait_for
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from elasticft.config import ConfigError, NotifyConfig
 from elasticft.agent.events import EventLog
-from elasticft.agent.notify import Notifier, RateLimiter, Sink, parse_sinks, should_notify, summary_line
+from elasticft.agent.notify import Notifier, RateLimiter, should_notify, summary_line
+from elasticft.config import Sink, parse_sinks
 from elasticft.store import RunKeys
 
 

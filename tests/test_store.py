@@ -7,7 +7,8 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from elasticft.rendezvous.membership import Membership, NodeLease, NodeRecord
+from elasticft.contract.records import NodeRecord
+from elasticft.rendezvous.membership import Membership, NodeLease
 from elasticft.store import EmbeddedEtcd, RunKeys, StoreOptions, StoreUnavailable, connect
 from elasticft.store.c10d_store import EtcdStore
 

@@ -13,7 +13,8 @@ import pytest
 from elasticft.config import ConfigError, RiskConfig, StragglerConfig
 from elasticft.agent.events import EventLog
 from elasticft.health import GpuSample, RiskModel
-from elasticft.rendezvous.membership import Membership, NodeLease, NodeRecord, running_nodes
+from elasticft.contract.records import NodeRecord
+from elasticft.rendezvous.membership import Membership, NodeLease, running_nodes
 from elasticft.store import RunKeys
 from elasticft.agent.stragglers import (
     MIN_STEPS,
@@ -29,7 +30,8 @@ from elasticft.agent.stragglers import (
     steps_record,
     straggler_factor,
 )
-from elasticft.worker.progress import ProgressWriter, progress_dir
+from elasticft.contract.progress import progress_dir
+from elasticft.worker.progress import ProgressWriter
 from tests.launch import wait_for
 from tests.test_health_risk import busy, run
 

@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from elasticft.rendezvous.membership import NodeRecord
+from elasticft.contract.records import NodeRecord
 from elasticft.store import EmbeddedEtcd, RunKeys, StoreOptions, connect, free_port
 from elasticft.tui import (
     Dashboard,

@@ -60,7 +60,8 @@ from elasticft.health import EtcdHealthPublisher, HealthSampler, RiskModel, Risk
 from elasticft.agent.inject import InjectedGpuSource, parse_faults
 from elasticft.rendezvous.membership import Membership, NodeLease, NodeRecord, default_node_id
 from elasticft.agent.notify import Notifier
-from elasticft.agent.replan import RoundPlanner, layout_record
+from elasticft.agent.replan import RoundPlanner
+from elasticft.contract.records import layout_record
 from elasticft.store import RunKeys, StoreOptions, connect
 from elasticft.agent.stragglers import StragglerMonitor
 from elasticft.agent.watchdogs import Watchdogs, worker_activity

@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 from elasticft.config import HangConfig
 from elasticft.planner.megatron_args import flag_value
 from elasticft.store import EtcdClient, RunKeys, StoreError
-from elasticft.worker.atomic import write_atomically
+from elasticft.contract.run_dir import write_atomically
 
 log = logging.getLogger(__name__)
 

@@ -18,35 +18,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 from elasticft.agent.events import EventLog
 from elasticft.store import EtcdClient, RunKeys
-from elasticft.worker.gap import gap_filter  # the gap rule lives with the workers that apply it
+from elasticft.contract.records import CheckpointRequest, RequestReason
 
-__all__ = ["REASONS", "CheckpointProtocol", "CheckpointRequest", "gap_filter"]
-
-REASONS = ("risk", "manual", "signal", "watchdog")
-
-
-@dataclass(frozen=True)
-class CheckpointRequest:
-    """The value of ``ckpt/request``; ``exit`` asks the ranks to stop after saving."""
-
-    id: str
-    reason: str
-    requester: str
-    exit: bool = False
-    risk: float | None = None
-    time: float = field(default_factory=time.time)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, data: bytes | str) -> "CheckpointRequest":
-        raw = json.loads(data)
-        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
 
 
 class CheckpointProtocol:
@@ -75,14 +52,15 @@ class CheckpointProtocol:
     def _joins(pending: CheckpointRequest, reason: str, exit: bool) -> bool:
         if exit and not pending.exit:
             return False
-        return not (pending.reason == "risk" and reason != "risk")
+        return not (pending.reason == RequestReason.RISK and reason != RequestReason.RISK)
 
     def request(
         self, reason: str, requester: str, *, exit: bool = False, risk: float | None = None
     ) -> tuple[CheckpointRequest, bool]:
         """Ask every rank to save; returns (the request in force, whether this call made it)."""
-        if reason not in REASONS:
-            raise ValueError(f"reason must be one of {', '.join(REASONS)}, got {reason!r}")
+        if reason not in {r.value for r in RequestReason}:
+            raise ValueError(f"reason must be one of {', '.join(r.value for r in RequestReason)}, got {reason!r}")
+        reason = RequestReason(reason)
         while True:
             found = self._client.get(self._keys.ckpt_request)
             if found is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
+from elasticft.contract.records import NodeState
 from elasticft.rendezvous.membership import NodeLease, running_nodes
 from elasticft.rendezvous.backend import leave_without_closing
 from elasticft.store import EtcdClient, RunKeys, StoreError
@@ -37,14 +38,14 @@ def leave_if_straggler(
     ranks = sorted(s.rank for s in monitor.stragglers)
     min_nodes = getattr(getattr(rdzv_handler, "settings", None), "min_nodes", 1)
     try:
-        lease.set_state("excluded")
+        lease.set_state(NodeState.EXCLUDED)
         others = len([n for n in running_nodes(client, keys) if n != node_id])
         why = f"without node {node_id} the job would have {others} node(s), fewer than --nnodes' minimum {min_nodes}"
     except StoreError as exc:
         others, why = None, f"cannot count the other nodes: {exc}"
     if others is None or not may_leave(others, min_nodes):
         try:
-            lease.set_state("running")
+            lease.set_state(NodeState.RUNNING)
         except StoreError:
             pass  # the lease keeps the record; the next restart tries again
         log.warning("straggler rank(s) %s stay: %s", ranks, why)

@@ -18,7 +18,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from elasticft.agent.auto_timeouts import SectionTimeouts
 from elasticft.config import HangConfig
 from elasticft.agent.hangs import FAULTHANDLER_GRACE, Overrun, dump_stacks, find_overruns
-from elasticft.worker.progress import progress_dir, read_progress
+from elasticft.contract.progress import progress_dir, read_progress
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from elasticft.worker.progress import ProgressRecord
+from elasticft.contract.progress import ProgressRecord
 
 log = logging.getLogger(__name__)
 

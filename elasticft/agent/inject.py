@@ -27,7 +27,7 @@ from pathlib import Path
 
 from elasticft.config import ConfigError, flag_name
 from elasticft.health.sample import GpuSample
-from elasticft.worker.atomic import write_atomically
+from elasticft.contract.run_dir import write_atomically
 
 KINDS = ("gpu_degrade", "rank_killed", "rank_hung", "node_lost")
 _SPEC = re.compile(r"^(?P<kind>[a-z_]+):(?P<target>\d+)@(?P<iteration>\d+)$")

@@ -26,10 +26,9 @@ import subprocess
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
 from typing import Callable
 
-from elasticft.config import ConfigError, flag_name
+from elasticft.config import Sink
 
 log = logging.getLogger(__name__)
 
@@ -38,49 +37,6 @@ NOTIFIED_KINDS = frozenset({
     "node_lost", "node_left", "layout", "ckpt_request", "ckpt_saved", "ckpt_filtered",
     "watchdog", "hang", "restart", "straggler", "node_excluded", "job_finished", "job_failed",
 })
-
-SINK_KINDS = ("webhook", "command", "file")
-
-
-@dataclass(frozen=True)
-class Sink:
-    kind: str  # webhook, command or file
-    target: str
-
-    def __str__(self) -> str:
-        if self.kind == "webhook":  # the path of a chat webhook is its secret: name the host only
-            scheme, _, rest = self.target.partition("://")
-            return f"webhook:{scheme}://{rest.split('/', 1)[0]}/..."
-        return f"{self.kind}:{self.target}"
-
-
-def parse_sinks(spec: str) -> list[Sink]:
-    """``--eft-notify``'s value: empty, one ``KIND:TARGET`` or a JSON list of them."""
-    spec = spec.strip()
-    if not spec:
-        return []
-    if spec.startswith("["):
-        try:
-            items = json.loads(spec)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{flag_name('notify')}: not a JSON list of sinks: {exc}") from None
-        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise ConfigError(f"{flag_name('notify')}: expected a JSON list of \"KIND:TARGET\" strings")
-    else:
-        items = [spec]
-    sinks = []
-    for item in items:
-        kind, sep, target = item.partition(":")
-        kind = kind.strip()
-        if not sep or kind not in SINK_KINDS or not target.strip():
-            raise ConfigError(
-                f"{flag_name('notify')}: expected KIND:TARGET with KIND one of {', '.join(SINK_KINDS)}, got {item!r}"
-            )
-        if kind == "webhook" and not target.startswith(("http://", "https://")):
-            raise ConfigError(f"{flag_name('notify')}: a webhook needs an http(s) URL, got {target!r}")
-        sinks.append(Sink(kind, target.strip()))
-    return sinks
-
 
 def should_notify(event: dict) -> bool:
     kind = event.get("kind")

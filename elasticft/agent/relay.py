@@ -20,7 +20,7 @@ from typing import Callable
 
 from elasticft.agent.ckpt_protocol import CheckpointProtocol, CheckpointRequest
 from elasticft.store import EtcdClient, RunKeys, StoreError, WatchEvent
-from elasticft.worker.atomic import write_atomically
+from elasticft.contract.run_dir import write_atomically
 
 log = logging.getLogger(__name__)
 

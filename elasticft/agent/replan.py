@@ -14,7 +14,6 @@ otherwise the agent assigns ranks exactly as torchrun does.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, replace
 
@@ -78,21 +77,4 @@ class RoundPlanner:
         return plan_env(self.current)
 
 
-def layout_record(chosen: Plan | None, round_id: int, world_size: int | None = None) -> str:
-    """The value of ``/eft/<run>/layout``: one rendezvous round and its plan.
-
-    ``chosen`` is None for a job the planner does not plan (no Megatron model
-    arguments): the record then gives the round's ``world_size`` and no TP/PP/DP.
-    """
-    if chosen is None:
-        plan_fields = {"world_size": world_size, "tp": None, "pp": None, "dp": None, "used": world_size,
-                       "spare": [], "spare_nodes": [], "used_per_node": None,
-                       "reason": "no Megatron model arguments: not planned"}
-    else:
-        plan_fields = {"world_size": chosen.world, "tp": chosen.tp, "pp": chosen.pp, "dp": chosen.dp,
-                       "used": chosen.used, "spare": chosen.spare, "spare_nodes": chosen.spare_nodes,
-                       "used_per_node": chosen.used_per_node, "reason": chosen.reason}
-    return json.dumps({**plan_fields, "round": round_id})
-
-
-__all__ = ["NoLegalLayout", "RankAssignment", "RoundPlanner", "layout_record"]
+__all__ = ["NoLegalLayout", "RankAssignment", "RoundPlanner"]

@@ -38,7 +38,7 @@ from typing import Callable
 from elasticft.config import StragglerConfig
 from elasticft.periodic import Periodic
 from elasticft.store import EtcdClient, Lease, RunKeys
-from elasticft.worker.progress import ProgressRecord, read_progress
+from elasticft.contract.progress import ProgressRecord, read_progress
 
 log = logging.getLogger(__name__)
 

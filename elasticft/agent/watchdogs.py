@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable
 from elasticft.config import WatchdogConfig
 from elasticft.health.sample import GpuSample
 from elasticft.periodic import Periodic
-from elasticft.worker.progress import progress_dir, read_progress
+from elasticft.contract.progress import progress_dir, read_progress
 
 log = logging.getLogger(__name__)
 

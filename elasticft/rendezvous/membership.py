@@ -9,50 +9,16 @@ before deleting its key) from a node that was lost.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 
-from elasticft import __version__
+from elasticft.contract.records import NodeRecord, NodeState, apply_node_events, store_node_record
 from elasticft.store import EtcdClient, Lease, RunKeys, StoreError, WatchEvent
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class NodeRecord:
-    """The value of ``nodes/<node_id>``.
-
-    ``rdzv_addr`` and ``pid`` are how torch's dynamic rendezvous names this agent
-    (its ``_NodeDesc`` is ``addr_pid_localid``), so a lost lease can be matched to
-    the rendezvous participant it belonged to.
-    """
-
-    node_id: str
-    host: str
-    rdzv_addr: str
-    pid: int
-    gpus: list[int] = field(default_factory=list)
-    version: str = __version__
-    state: str = "running"
-    started: float = field(default_factory=time.time)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, data: bytes | str) -> "NodeRecord":
-        raw = json.loads(data)
-        known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
-        return cls(**known)
-
-    @property
-    def rdzv_identity(self) -> tuple[str, int]:
-        return (self.rdzv_addr, self.pid)
 
 
 def default_node_id() -> str:
@@ -70,9 +36,9 @@ class NodeLease:
         self._closed = False
         client.put(self._key, record.to_json(), lease=self.lease)
 
-    def set_state(self, state: str) -> None:
+    def set_state(self, state: NodeState) -> None:
         """Rewrite the record with ``state`` (running, exited, excluded); raises StoreError."""
-        self.record.state = state
+        self.record.state = NodeState(state)
         self._client.put(self._key, self.record.to_json(), lease=self.lease)
 
     def close(self, clean: bool) -> None:
@@ -89,7 +55,7 @@ class NodeLease:
         self._closed = True
         if clean:
             try:
-                self.set_state("exited")
+                self.set_state(NodeState.EXITED)
             except StoreError as exc:
                 log.warning("could not mark node %s exited: %s", self.record.node_id, exc)
         self.lease.revoke()
@@ -100,32 +66,8 @@ def running_nodes(client: EtcdClient, keys: RunKeys) -> dict[str, NodeRecord]:
     items, _ = client.get_prefix(keys.nodes)
     records: dict[str, NodeRecord] = {}
     for item in items:
-        _store_record(records, keys.nodes, item.key, item.value)
-    return {node: r for node, r in records.items() if r.state == "running"}
-
-
-def _store_record(records: dict[str, NodeRecord], prefix: str, key: str, value: bytes) -> None:
-    try:
-        records[key[len(prefix):]] = NodeRecord.from_json(value)
-    except (ValueError, TypeError) as exc:
-        log.warning("ignoring malformed node record %s: %s", key, exc)
-
-
-def apply_node_events(records: dict[str, NodeRecord], prefix: str, events: list[WatchEvent]) -> list[NodeRecord]:
-    """Apply watch events on ``prefix`` (``nodes/``) to ``records``; return the nodes lost.
-
-    A deleted record that was not marked ``exited`` is a lost node: its lease expired
-    or was revoked without a clean exit. The agent and ``eft top`` share this rule.
-    """
-    lost = []
-    for event in events:
-        if not event.deleted:
-            _store_record(records, prefix, event.key, event.value)
-            continue
-        record = records.pop(event.key[len(prefix):], None)
-        if record is not None and record.state != "exited":
-            lost.append(record)
-    return lost
+        store_node_record(records, keys.nodes, item.key, item.value)
+    return {node: r for node, r in records.items() if r.state is NodeState.RUNNING}
 
 
 class Membership:
@@ -154,7 +96,7 @@ class Membership:
         )
 
     def _store(self, key: str, value: bytes) -> None:
-        _store_record(self._records, self._prefix, key, value)
+        store_node_record(self._records, self._prefix, key, value)
 
     def _on_events(self, events: list[WatchEvent]) -> None:
         with self._lock:
@@ -207,7 +149,7 @@ class Membership:
         departure, seen while the round formed, calls for no further restart.
         """
         with self._lock:
-            self._unreported = [r for r in self._unreported if r.state != "excluded"]
+            self._unreported = [r for r in self._unreported if r.state is not NodeState.EXCLUDED]
             if not self._unreported:
                 self.lost.clear()
 

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 
-from elasticft.rendezvous.membership import NodeRecord, apply_node_events
+from elasticft.contract.records import NodeRecord, apply_node_events
 from elasticft.store import EtcdClient, RunKeys, StoreError, WatchEvent
 from elasticft.tui.state import LostNode, Record, RunState
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticft.rendezvous.membership import NodeRecord
+from elasticft.contract.records import NodeRecord
 
 
 @dataclass(frozen=True)

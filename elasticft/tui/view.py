@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from elasticft.contract.records import NodeState
 from elasticft.tui.state import RunState
 
 SORTS = ("risk", "node")
@@ -286,7 +287,7 @@ def _layout_age(state: RunState, events: list[tuple[int, dict]], now: float) -> 
 
 
 def _state(state: RunState, events, newest_loss, checkpoints) -> tuple[str, str]:
-    live = [r for r in state.nodes.values() if r.state != "exited"]
+    live = [r for r in state.nodes.values() if r.state is not NodeState.EXITED]
     layout_revision = state.layout.revision if state.layout is not None else None
     request = checkpoints["request"]
     if not live:
@@ -317,7 +318,7 @@ def build_view(state: RunState, now: float, settings: ViewSettings = ViewSetting
     layout = state.layout.value if state.layout is not None and isinstance(state.layout.value, dict) else {}
     header = Header(
         run_id=state.run_id, state=word, detail=detail,
-        live_nodes=sum(1 for r in state.nodes.values() if r.state != "exited"), lost_nodes=len(lost),
+        live_nodes=sum(1 for r in state.nodes.values() if r.state is not NodeState.EXITED), lost_nodes=len(lost),
         world_size=layout.get("world_size"), tp=layout.get("tp"), pp=layout.get("pp"), dp=layout.get("dp"),
         used=layout.get("used"), spare=layout["spare"] if isinstance(layout.get("spare"), list) else [],
         layout_age_s=_layout_age(state, events, now),

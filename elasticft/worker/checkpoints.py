@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from elasticft.worker.atomic import write_atomically
+from elasticft.contract.run_dir import write_atomically
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,8 @@ from elasticft.planner.megatron_args import flag_value
 
 from elasticft.worker.gap import gap_filter
 from elasticft.worker.progress import ProgressWriter
-from elasticft.worker.relay import Outbox, Request, RequestFile
+from elasticft.contract.records import CheckpointRequest
+from elasticft.worker.relay import Outbox, RequestFile
 from elasticft.worker.signals import ExitSignals
 
 log = logging.getLogger(__name__)
@@ -228,7 +229,7 @@ class Hook:
         if not self.inert:
             self.progress.close()
 
-    def _new_request(self) -> Request | None:
+    def _new_request(self) -> CheckpointRequest | None:
         """A request this rank reads for the first time and the job has not yet dealt with."""
         request = self._requests.poll()
         if request is None:
@@ -243,7 +244,7 @@ class Hook:
             return None
         return request
 
-    def _want_request(self, vote: list[int], request: Request, iteration: int) -> None:
+    def _want_request(self, vote: list[int], request: CheckpointRequest, iteration: int) -> None:
         why = gap_filter(request.reason, iteration, self.last_saved_iteration, self.save_interval,
                          self.config.ckpt_gap, request.exit)
         if why is None:
@@ -270,7 +271,7 @@ class Hook:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._group)
         return tensor.tolist()
 
-    def _settle(self, iteration: int, request: Request | None, mine: list[int], agreed: list[int]) -> Action:
+    def _settle(self, iteration: int, request: CheckpointRequest | None, mine: list[int], agreed: list[int]) -> Action:
         """Record what the job decided about each request in the vote; the Action."""
         if not agreed[SAVE] and not agreed[FILTERED]:
             return NO_ACTION  # the common case: nothing anywhere
@@ -304,7 +305,7 @@ class Hook:
         current = self._requests.read()
         return current.id if current is not None and request_hash(current.id) == key else None
 
-    def _report_filtered(self, request: Request, iteration: int, last_saved: int | None) -> None:
+    def _report_filtered(self, request: CheckpointRequest, iteration: int, last_saved: int | None) -> None:
         why = gap_filter(request.reason, iteration, last_saved, self.save_interval, self.config.ckpt_gap)
         log.info("request %s (%s) dropped by the gap rule: %s", request.id, request.reason, why)
         self._outbox.send({

@@ -27,84 +27,17 @@ import logging
 import os
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-from elasticft.worker.atomic import write_atomically
+from elasticft.contract.progress import SECTIONS, progress_dir
+from elasticft.contract.run_dir import write_atomically
 
 log = logging.getLogger(__name__)
 
-PROGRESS_DIR = "progress"
-SECTIONS = ("setup", "step", "checkpointing", "other")
 RECENT_STEPS = 32  # step times a record carries: enough for a median, small to rewrite
 # A step() rewrites the file only if the last write is this old: a job of 5 ms steps must
 # not spend a tenth of its time on heartbeats, and the agent's timeouts (>= 5 s) and
 # straggler checks (every few minutes) cannot tell 50 ms of staleness apart.
 STEP_WRITE_INTERVAL = 0.05
-
-
-@dataclass(frozen=True)
-class ProgressRecord:
-    """One rank's last heartbeat, as the agent reads it."""
-
-    rank: int
-    local_rank: int
-    pid: int
-    iteration: int | None  # the last iteration ``step()`` was called for
-    section: str  # the section open now
-    since: float  # unix time it opened
-    time: float  # unix time of this heartbeat
-    longest: dict[str, float] = field(default_factory=dict)  # section -> longest completed, seconds
-    step_times: tuple[float, ...] = ()  # recent steps' work time (else wall time), oldest first
-    dump_signal: int | None = None  # the signal that makes the rank print its stacks
-
-    @classmethod
-    def from_json(cls, record: Any) -> "ProgressRecord":
-        """Raises ValueError or TypeError on a malformed record."""
-        if not isinstance(record, dict):
-            raise ValueError(f"expected a JSON object, got {type(record).__name__}")
-        if record.get("section") not in SECTIONS:
-            raise ValueError(f"unknown section {record.get('section')!r}")
-        iteration = record.get("iteration")
-        dump = record.get("dump_signal")
-        return cls(
-            rank=int(record["rank"]),
-            local_rank=int(record["local_rank"]),
-            pid=int(record["pid"]),
-            iteration=None if iteration is None else int(iteration),
-            section=record["section"],
-            since=float(record["since"]),
-            time=float(record["time"]),
-            longest={str(k): float(v) for k, v in dict(record.get("longest") or {}).items()},
-            step_times=tuple(float(t) for t in record.get("step_times") or ()),
-            dump_signal=None if dump is None else int(dump),
-        )
-
-
-def progress_dir(run_dir: str | os.PathLike) -> Path:
-    return Path(run_dir) / PROGRESS_DIR
-
-
-def read_progress(run_dir: str | os.PathLike) -> dict[int, ProgressRecord]:
-    """Every readable heartbeat in ``run_dir``, by local rank (malformed files skipped)."""
-    records = {}
-    try:
-        names = os.listdir(progress_dir(run_dir))
-    except FileNotFoundError:
-        return records
-    for name in names:
-        if not name.endswith(".json"):
-            continue
-        try:
-            record = ProgressRecord.from_json(json.loads((progress_dir(run_dir) / name).read_text()))
-        except FileNotFoundError:
-            continue  # replaced between listdir and read: the next read sees it
-        except (ValueError, TypeError, KeyError) as exc:
-            log.debug("skipping heartbeat %s: %s", name, exc)
-            continue
-        records[record.local_rank] = record
-    return records
 
 
 class ProgressWriter:

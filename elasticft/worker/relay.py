@@ -13,47 +13,13 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from elasticft.worker.atomic import write_atomically
+from elasticft.contract.records import CheckpointRequest
+from elasticft.contract.run_dir import OUTBOX_DIR, REQUEST_FILE, write_atomically
 
 log = logging.getLogger(__name__)
 
-REQUEST_FILE = "request.json"
-OUTBOX_DIR = "outbox"
-
-
-@dataclass(frozen=True)
-class Request:
-    """One checkpoint request as the agent relays it."""
-
-    id: str
-    reason: str  # risk, manual, signal or watchdog
-    requester: str
-    exit: bool
-    risk: float | None
-    time: float
-
-    @classmethod
-    def from_json(cls, record: Any) -> "Request":
-        """Raises ValueError (TypeError for a number of the wrong type) on a malformed record."""
-        if not isinstance(record, dict):
-            raise ValueError(f"expected a JSON object, got {type(record).__name__}")
-        if not isinstance(record.get("id"), str) or not record["id"]:
-            raise ValueError(f"'id' must be a non-empty string, got {record.get('id')!r}")
-        if not isinstance(record.get("reason"), str):
-            raise ValueError(f"'reason' must be a string, got {record.get('reason')!r}")
-        risk = record.get("risk")
-        return cls(
-            id=record["id"],
-            reason=record["reason"],
-            requester=str(record.get("requester", "")),
-            exit=bool(record.get("exit", False)),
-            risk=None if risk is None else float(risk),
-            time=float(record.get("time") or 0.0),
-        )
 
 
 class RequestFile:
@@ -68,7 +34,7 @@ class RequestFile:
         self.path = Path(run_dir) / REQUEST_FILE
         self._version: tuple[int, int, int] | None = None
 
-    def poll(self) -> Request | None:
+    def poll(self) -> CheckpointRequest | None:
         """The request in the file if the file changed since the last call, else None."""
         try:
             st = os.stat(self.path)
@@ -80,7 +46,7 @@ class RequestFile:
             return None
         self._version = version
         try:
-            return Request.from_json(json.loads(self.path.read_text()))
+            return CheckpointRequest.from_json(json.loads(self.path.read_text()))
         except FileNotFoundError:  # replaced again between stat and read: the next poll sees it
             self._version = None
             return None
@@ -88,10 +54,10 @@ class RequestFile:
             log.warning("ignoring %s: %s", self.path, err)
             return None
 
-    def read(self) -> Request | None:
+    def read(self) -> CheckpointRequest | None:
         """The request in the file now, without taking it from ``poll`` (None if none)."""
         try:
-            return Request.from_json(json.loads(self.path.read_text()))
+            return CheckpointRequest.from_json(json.loads(self.path.read_text()))
         except (OSError, ValueError, TypeError):
             return None
 

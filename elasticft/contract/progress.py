@@ -1,0 +1,86 @@
+"""Progress heartbeats, the reading side: one JSON file per rank in the run directory.
+
+Every rank keeps ``<run dir>/progress/<local rank>.json`` (``elasticft.worker.progress``
+writes it); its node agent reads it for section timeouts (hang detection), straggler
+scores and the silent-worker watchdog. The record and the sections are here so that
+the writer and the readers agree on one definition.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from elasticft.contract.run_dir import PROGRESS_DIR
+
+log = logging.getLogger(__name__)
+
+# A rank is always in exactly one of these (see elasticft.worker.progress for when).
+SECTIONS = ("setup", "step", "checkpointing", "other")
+
+
+@dataclass(frozen=True)
+class ProgressRecord:
+    """One rank's last heartbeat, as the agent reads it."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    iteration: int | None  # the last iteration ``step()`` was called for
+    section: str  # the section open now
+    since: float  # unix time it opened
+    time: float  # unix time of this heartbeat
+    longest: dict[str, float] = field(default_factory=dict)  # section -> longest completed, seconds
+    step_times: tuple[float, ...] = ()  # recent steps' work time (else wall time), oldest first
+    dump_signal: int | None = None  # the signal that makes the rank print its stacks
+
+    @classmethod
+    def from_json(cls, record: Any) -> "ProgressRecord":
+        """Raises ValueError or TypeError on a malformed record."""
+        if not isinstance(record, dict):
+            raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+        if record.get("section") not in SECTIONS:
+            raise ValueError(f"unknown section {record.get('section')!r}")
+        iteration = record.get("iteration")
+        dump = record.get("dump_signal")
+        return cls(
+            rank=int(record["rank"]),
+            local_rank=int(record["local_rank"]),
+            pid=int(record["pid"]),
+            iteration=None if iteration is None else int(iteration),
+            section=record["section"],
+            since=float(record["since"]),
+            time=float(record["time"]),
+            longest={str(k): float(v) for k, v in dict(record.get("longest") or {}).items()},
+            step_times=tuple(float(t) for t in record.get("step_times") or ()),
+            dump_signal=None if dump is None else int(dump),
+        )
+
+
+def progress_dir(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / PROGRESS_DIR
+
+
+def read_progress(run_dir: str | os.PathLike) -> dict[int, ProgressRecord]:
+    """Every readable heartbeat in ``run_dir``, by local rank (malformed files skipped)."""
+    records = {}
+    try:
+        names = os.listdir(progress_dir(run_dir))
+    except FileNotFoundError:
+        return records
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        try:
+            record = ProgressRecord.from_json(json.loads((progress_dir(run_dir) / name).read_text()))
+        except FileNotFoundError:
+            continue  # replaced between listdir and read: the next read sees it
+        except (ValueError, TypeError, KeyError) as exc:
+            log.debug("skipping heartbeat %s: %s", name, exc)
+            continue
+        records[record.local_rank] = record
+    return records

@@ -1,0 +1,74 @@
+"""The run directory: how a node agent and its workers talk, through files only.
+
+Workers never talk to etcd (thousands of them must not each hold a watch). Each agent
+makes a node-local directory and names it to its workers in ``EFT_RUN_DIR``; both
+sides take every name below from here, so neither spells the other's files:
+
+* ``request.json``: the open checkpoint request, written by the agent;
+* ``outbox/*.json``: rank 0's messages to its agent (an ``OutboxKind`` each);
+* ``progress/<local rank>.json``: each rank's heartbeat (``elasticft.contract.progress``);
+* ``inject-*``: markers of injected faults (``elasticft.contract.faults``).
+
+Every file is written with ``write_atomically``: a reader sees the old content or the
+new, never half of it. docs/checkpoint.md ("Relay") is the user's side of this.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from pathlib import Path
+
+REQUEST_FILE = "request.json"
+OUTBOX_DIR = "outbox"
+PROGRESS_DIR = "progress"
+DEGRADE_MARKER = "inject-gpu-degrade"  # holds the local rank whose GPU an injected fault degrades
+FIRED_PREFIX = "inject-fired-"  # + a fault's name: that fault fired already on this node
+
+
+class WorkerEnv(str, enum.Enum):
+    """Variables the agent sets for its workers (beside torchrun's and the ``EFT_*`` knobs)."""
+
+    RUN_DIR = "EFT_RUN_DIR"  # the run directory; unset: not under eft-run, the hook is inert
+    START_TIME = "EFT_START_TIME"  # the job's start (the first agent's clock), for exit-duration
+    INJECT = "EFT_INJECT"  # faults to inject (``--eft-inject``)
+    STACK_SIGNAL = "EFT_STACK_SIGNAL"  # the signal on which a worker prints its stacks
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class OutboxKind(str, enum.Enum):
+    """The ``type`` of a message rank 0 leaves in the outbox."""
+
+    ACK = "ack"  # a checkpoint is complete: iteration, path, seconds, request_id, exit
+    FILTERED = "filtered"  # the gap rule skipped a risk request: request_id, iteration, why
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def write_atomically(path: str | os.PathLike, text: str, *, durable: bool = False) -> None:
+    """Write ``text`` to ``path`` through ``<stem>.tmp`` beside it and ``os.replace``.
+
+    The tmp name keeps no suffix of ``path``, so a reader that lists ``*.json`` never
+    picks up a file being written.
+
+    ``durable`` also fsyncs the file and its directory, so that the new content
+    survives a crash of the machine right after (a checkpoint tracker needs that; a
+    message to a local agent does not).
+    """
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if durable:
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
