@@ -27,11 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import table  # noqa: E402  (also puts the repo on sys.path)
-
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from common import table  # noqa: E402  (also puts the repo on sys.path)
 
 BLOCK = 50  # calls per block; blocks of steps and bare all_reduces alternate
 
@@ -108,7 +107,8 @@ def request_latency(ranks: int = 8, trials: int = 3) -> list[float]:
     import random
 
     from elasticft.agent.ckpt_protocol import CheckpointProtocol
-    from elasticft.store import RunKeys, StoreOptions, connect
+    from elasticft.contract.keys import RunKeys
+    from elasticft.store import StoreOptions, connect
     from tests.launch import WORKERS, Launched, eft_run, read_jsonl, wait_for
 
     latencies = []

@@ -23,7 +23,15 @@ import psutil
 from common import table
 
 from elasticft.store import EmbeddedEtcd, free_port
-from tests.launch import WORKERS, Launched, agent_of, eft_run, generation, torchrun, wait_for
+from tests.launch import (
+    WORKERS,
+    Launched,
+    agent_of,
+    eft_run,
+    generation,
+    torchrun,
+    wait_for,
+)
 
 
 def trial(launcher: list[str], backend: str, endpoint: str, extra: list[str], work: Path) -> tuple[float, float]:

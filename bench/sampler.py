@@ -21,9 +21,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from elasticft.health import HealthSampler, NvmlSource, RiskModel, health_record, read_trace  # noqa: E402
-from elasticft.health.trace import batches  # noqa: E402
 from fake_pynvml import FakeNvml  # noqa: E402
+
+from elasticft.health import (  # noqa: E402
+    HealthSampler,
+    NvmlSource,
+    RiskModel,
+    health_record,
+    read_trace,
+)
+from elasticft.health.trace import batches  # noqa: E402
 
 
 def make_fake(gpus: int) -> FakeNvml:
@@ -99,8 +106,9 @@ def main() -> None:
 
     publish, etcd_server = (lambda records: [json.dumps(health_record(*r)) for r in records]), None
     if args.etcd:
+        from elasticft.contract.keys import RunKeys
         from elasticft.health import EtcdHealthPublisher
-        from elasticft.store import EmbeddedEtcd, RunKeys, StoreOptions, connect
+        from elasticft.store import EmbeddedEtcd, StoreOptions, connect
 
         etcd_server = EmbeddedEtcd().start()
         client = connect(StoreOptions(etcd_server.endpoint))

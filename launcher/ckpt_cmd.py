@@ -13,7 +13,8 @@ from typing import NoReturn
 import typer
 
 from elasticft.agent.ckpt_protocol import CheckpointProtocol
-from elasticft.store import RunKeys, StoreError, StoreOptions, connect
+from elasticft.contract.keys import RunKeys
+from elasticft.store import StoreError, StoreOptions, connect
 
 ckpt_app = typer.Typer(help="Emergency checkpoints of a running job.", no_args_is_help=True)
 

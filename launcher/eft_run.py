@@ -26,12 +26,14 @@ import torch.distributed.launcher.api as launcher_api
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.elastic.rendezvous import RendezvousParameters
-from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousError
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousError,
+)
 from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
 from torch.distributed.run import get_args_parser, parse_min_max_nnodes
 from torch.distributed.run import run as torchrun_run
 
-from elasticft.rendezvous import plugin as torchrun_plugin
 from elasticft.agent.agent import AgentOptions, EtcdTarget, FTElasticAgent
 from elasticft.config import (
     CheckpointConfig,
@@ -47,10 +49,16 @@ from elasticft.config import (
     add_arguments,
     from_args,
 )
-from elasticft.agent.inject import parse_faults
+from elasticft.contract.faults import parse_faults
+from elasticft.contract.keys import RunKeys
 from elasticft.planner.layout import NoLegalLayout
-from elasticft.rendezvous.backend import EtcdRendezvousOptions, RendezvousConfigError, close_watches
-from elasticft.store import EmbeddedEtcd, EtcdNotFound, RunKeys, StoreError
+from elasticft.rendezvous import plugin as torchrun_plugin
+from elasticft.rendezvous.backend import (
+    EtcdRendezvousOptions,
+    RendezvousConfigError,
+    close_watches,
+)
+from elasticft.store import EmbeddedEtcd, EtcdNotFound, StoreError
 
 log = logging.getLogger("elasticft")
 

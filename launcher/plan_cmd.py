@@ -15,8 +15,15 @@ from rich.console import Console
 from rich.table import Table
 
 from elasticft.config import PlannerConfig, env_name
+from elasticft.planner.layout import (
+    BatchFacts,
+    ModelFacts,
+    Plan,
+    Policy,
+    plan,
+    with_limits,
+)
 from elasticft.planner.megatron_args import load_model_config
-from elasticft.planner.layout import BatchFacts, ModelFacts, Plan, Policy, plan, with_limits
 
 _KNOBS = {f.name: f for f in dataclasses.fields(PlannerConfig)}
 

@@ -19,7 +19,8 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
-from elasticft.store import RunKeys, StoreError, StoreOptions, connect
+from elasticft.contract.keys import RunKeys
+from elasticft.store import StoreError, StoreOptions, connect
 from elasticft.tui import (
     SORTS,
     Dashboard,

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import time
 
-from elasticft.agent.ckpt_protocol import CheckpointProtocol
 from elasticft.agent.checkpoints import CheckpointCoordinator
-from elasticft.config import RiskConfig
+from elasticft.agent.ckpt_protocol import CheckpointProtocol
 from elasticft.agent.events import EventLog
+from elasticft.config import RiskConfig
+from elasticft.contract.keys import RunKeys
+from elasticft.contract.records import NodeRecord, layout_record
 from elasticft.health import EtcdHealthPublisher, GpuSample, RiskModel, RiskScore
-from elasticft.contract.records import NodeRecord
-from elasticft.rendezvous.membership import NodeLease
 from elasticft.planner.layout import BatchFacts, ModelFacts, plan
-from elasticft.contract.records import layout_record
-from elasticft.store import EtcdClient, RunKeys
+from elasticft.rendezvous.membership import NodeLease
+from elasticft.store import EtcdClient
 
 MODEL = ModelFacts(num_layers=8, num_attention_heads=8, hidden_size=512, seq_length=128)
 BATCH = BatchFacts(global_batch_size=64, micro_batch_size=1)

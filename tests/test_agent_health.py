@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticft.store import RunKeys
+from elasticft.contract.keys import RunKeys
 from tests.launch import WORKERS, Launched, eft_run, wait_for
 
 TRACE = Path(__file__).parent / "data" / "healthy.csv"

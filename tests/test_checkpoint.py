@@ -7,10 +7,10 @@ import uuid
 import pytest
 
 from elasticft.agent.ckpt_protocol import CheckpointProtocol
-from elasticft.worker.gap import gap_filter
 from elasticft.agent.events import EventLog
 from elasticft.agent.relay import CheckpointRelay
-from elasticft.store import RunKeys
+from elasticft.contract.keys import RunKeys
+from elasticft.worker.gap import gap_filter
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,8 @@ import pytest
 
 from elasticft.agent.ckpt_protocol import CheckpointProtocol
 from elasticft.agent.events import EventLog
-from elasticft.store import RunKeys, StoreOptions, connect
+from elasticft.contract.keys import RunKeys
+from elasticft.store import StoreOptions, connect
 from tests.launch import WORKERS, Launched, eft_run, read_jsonl, wait_for
 
 pytestmark = pytest.mark.slow

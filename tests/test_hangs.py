@@ -8,12 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from elasticft.agent.auto_timeouts import MIN_LEARNED, TIMEOUTS_FILE, SectionTimeouts, learned_timeouts
-from elasticft.config import ConfigError, HangConfig
+from elasticft.agent.auto_timeouts import (
+    MIN_LEARNED,
+    TIMEOUTS_FILE,
+    SectionTimeouts,
+    learned_timeouts,
+)
 from elasticft.agent.hangs import find_overruns
-from elasticft.planner.megatron_args import flag_value
-from elasticft.store import RunKeys
+from elasticft.config import ConfigError, HangConfig
+from elasticft.contract.keys import RunKeys
 from elasticft.contract.progress import ProgressRecord, read_progress
+from elasticft.planner.megatron_args import flag_value
 from elasticft.worker.progress import ProgressWriter
 from tests.launch import WORKERS, Launched, eft_run, read_jsonl, wait_for
 

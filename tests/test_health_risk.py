@@ -7,7 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elasticft.config import ConfigError, HealthConfig, RiskConfig, add_arguments, from_args, from_env
+from elasticft.config import (
+    ConfigError,
+    HealthConfig,
+    RiskConfig,
+    add_arguments,
+    from_args,
+    from_env,
+)
 from elasticft.health import FACTORS, GpuSample, RiskModel
 
 T0 = 1_714_564_800.0

@@ -9,8 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from elasticft.health import EtcdHealthPublisher, HealthSampler, HostSource, ReplaySource, RiskModel
-from elasticft.store import RunKeys
+from elasticft.contract.keys import RunKeys
+from elasticft.health import (
+    EtcdHealthPublisher,
+    HealthSampler,
+    HostSource,
+    ReplaySource,
+    RiskModel,
+)
 
 DATA = Path(__file__).parent / "data"
 

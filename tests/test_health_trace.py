@@ -6,7 +6,14 @@ from datetime import datetime, timezone
 import pytest
 
 from elasticft.config import ConfigError
-from elasticft.health import HostSource, ReplaySource, TraceError, make_source, read_trace, write_trace
+from elasticft.health import (
+    HostSource,
+    ReplaySource,
+    TraceError,
+    make_source,
+    read_trace,
+    write_trace,
+)
 from elasticft.health.sample import GpuSample
 
 NVSMI = """\

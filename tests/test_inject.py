@@ -2,10 +2,12 @@
 
 import pytest
 
-from elasticft.config import ConfigError
-from elasticft.agent.inject import DEGRADE_MARKER, Fault, FaultInjector, InjectedGpuSource, parse_faults
+from elasticft.config import ConfigError, RiskConfig
+from elasticft.contract.faults import Fault, parse_faults
+from elasticft.contract.run_dir import DEGRADE_MARKER
 from elasticft.health import RiskModel
-from elasticft.config import RiskConfig
+from elasticft.health.injected import InjectedGpuSource
+from elasticft.worker.inject import FaultInjector
 
 
 def test_parse_faults():

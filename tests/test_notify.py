@@ -6,11 +6,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from elasticft.config import ConfigError, NotifyConfig
 from elasticft.agent.events import EventLog
 from elasticft.agent.notify import Notifier, RateLimiter, should_notify, summary_line
-from elasticft.config import Sink, parse_sinks
-from elasticft.store import RunKeys
+from elasticft.config import ConfigError, NotifyConfig, Sink, parse_sinks
+from elasticft.contract.keys import RunKeys
 
 
 def test_parse_sinks_single_and_json_list():

@@ -21,9 +21,20 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from elasticft.config import ConfigError, PlannerConfig
-from elasticft.planner.megatron_args import load_model_config, model_facts_from_argv, rewrite_megatron_args
-from elasticft.planner.layout import (BatchFacts, ModelFacts, NoLegalLayout, Policy, plan, plan_env,
-                               with_limits)
+from elasticft.planner.layout import (
+    BatchFacts,
+    ModelFacts,
+    NoLegalLayout,
+    Policy,
+    plan,
+    plan_env,
+    with_limits,
+)
+from elasticft.planner.megatron_args import (
+    load_model_config,
+    model_facts_from_argv,
+    rewrite_megatron_args,
+)
 from launcher.cli import app
 from tests.planner_oracle import brute_force, cases, megatron_accepts, small_clusters
 

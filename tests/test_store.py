@@ -7,9 +7,10 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
+from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord
 from elasticft.rendezvous.membership import Membership, NodeLease
-from elasticft.store import EmbeddedEtcd, RunKeys, StoreOptions, StoreUnavailable, connect
+from elasticft.store import EmbeddedEtcd, StoreOptions, StoreUnavailable, connect
 from elasticft.store.c10d_store import EtcdStore
 
 

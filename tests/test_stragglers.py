@@ -10,12 +10,7 @@ import uuid
 
 import pytest
 
-from elasticft.config import ConfigError, RiskConfig, StragglerConfig
 from elasticft.agent.events import EventLog
-from elasticft.health import GpuSample, RiskModel
-from elasticft.contract.records import NodeRecord
-from elasticft.rendezvous.membership import Membership, NodeLease, running_nodes
-from elasticft.store import RunKeys
 from elasticft.agent.stragglers import (
     MIN_STEPS,
     RankStep,
@@ -30,7 +25,12 @@ from elasticft.agent.stragglers import (
     steps_record,
     straggler_factor,
 )
+from elasticft.config import ConfigError, RiskConfig, StragglerConfig
+from elasticft.contract.keys import RunKeys
 from elasticft.contract.progress import progress_dir
+from elasticft.contract.records import NodeRecord
+from elasticft.health import GpuSample, RiskModel
+from elasticft.rendezvous.membership import Membership, NodeLease, running_nodes
 from elasticft.worker.progress import ProgressWriter
 from tests.launch import wait_for
 from tests.test_health_risk import busy, run

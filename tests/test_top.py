@@ -16,8 +16,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord
-from elasticft.store import EmbeddedEtcd, RunKeys, StoreOptions, connect, free_port
+from elasticft.store import EmbeddedEtcd, StoreOptions, connect, free_port
 from elasticft.tui import (
     Dashboard,
     Record,

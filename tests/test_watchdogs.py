@@ -5,10 +5,7 @@ import json
 import pytest
 
 from elasticft.agent.ckpt_protocol import CheckpointProtocol
-from elasticft.config import ConfigError, WatchdogConfig
 from elasticft.agent.events import EventLog
-from elasticft.health.sample import GpuSample
-from elasticft.store import RunKeys
 from elasticft.agent.watchdogs import (
     CheckpointUsage,
     Latch,
@@ -23,6 +20,9 @@ from elasticft.agent.watchdogs import (
     newest_checkpoint,
     worker_activity,
 )
+from elasticft.config import ConfigError, WatchdogConfig
+from elasticft.contract.keys import RunKeys
+from elasticft.health.sample import GpuSample
 from elasticft.worker.progress import ProgressWriter
 
 GB = 10**9

@@ -16,7 +16,15 @@ import pytest
 from elasticft.worker import Hook
 from elasticft.worker.gap import gap_filter
 from elasticft.worker.relay import RequestFile
-from tests.gloo_job import finish, job, run, start, take_outbox, wait_progress, write_request
+from tests.gloo_job import (
+    finish,
+    job,
+    run,
+    start,
+    take_outbox,
+    wait_progress,
+    write_request,
+)
 from tests.launch import wait_for
 
 

@@ -42,6 +42,13 @@ from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from elasticft.agent.auto_timeouts import SectionTimeouts
 from elasticft.agent.checkpoints import CheckpointCoordinator
+from elasticft.agent.events import EventLog
+from elasticft.agent.exclusion import leave_if_straggler
+from elasticft.agent.hang_monitor import HangMonitor
+from elasticft.agent.notify import Notifier
+from elasticft.agent.replan import RoundPlanner
+from elasticft.agent.stragglers import StragglerMonitor
+from elasticft.agent.watchdogs import Watchdogs, worker_activity
 from elasticft.config import (
     CheckpointConfig,
     FTConfig,
@@ -53,18 +60,24 @@ from elasticft.config import (
     StragglerConfig,
     WatchdogConfig,
 )
-from elasticft.agent.events import EventLog
-from elasticft.agent.exclusion import leave_if_straggler
-from elasticft.agent.hang_monitor import HangMonitor
-from elasticft.health import EtcdHealthPublisher, HealthSampler, RiskModel, RiskScore, make_source
-from elasticft.agent.inject import InjectedGpuSource, parse_faults
-from elasticft.rendezvous.membership import Membership, NodeLease, NodeRecord, default_node_id
-from elasticft.agent.notify import Notifier
-from elasticft.agent.replan import RoundPlanner
+from elasticft.contract.faults import parse_faults
+from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import layout_record
-from elasticft.store import RunKeys, StoreOptions, connect
-from elasticft.agent.stragglers import StragglerMonitor
-from elasticft.agent.watchdogs import Watchdogs, worker_activity
+from elasticft.health import (
+    EtcdHealthPublisher,
+    HealthSampler,
+    RiskModel,
+    RiskScore,
+    make_source,
+)
+from elasticft.health.injected import InjectedGpuSource
+from elasticft.rendezvous.membership import (
+    Membership,
+    NodeLease,
+    NodeRecord,
+    default_node_id,
+)
+from elasticft.store import StoreOptions, connect
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +272,7 @@ class FTElasticAgent(LocalElasticAgent):
     def _start_health_sampler(self, node_id: str) -> None:
         """Sample this node's GPUs and publish their risk under the node lease."""
         if any(f.kind == "gpu_degrade" for f in parse_faults(self._ft.inject)):
-            # Injected GPU faults replace the real readings (see elasticft/inject.py).
+            # Injected GPU faults replace the real readings (see elasticft/contract/faults.py).
             source = InjectedGpuSource(node_id, self._worker_group.spec.local_world_size, self._ckpt.run_dir)
         else:
             source = make_source(self._options.health.health_source, node_id)

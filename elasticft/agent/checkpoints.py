@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Callable
 
 from elasticft.agent.ckpt_protocol import CheckpointProtocol, CheckpointRequest
-from elasticft.config import CheckpointConfig
 from elasticft.agent.relay import CheckpointRelay
-from elasticft.store import EtcdClient, RunKeys
+from elasticft.config import CheckpointConfig
+from elasticft.contract.keys import RunKeys
+from elasticft.store import EtcdClient
 
 log = logging.getLogger(__name__)
 

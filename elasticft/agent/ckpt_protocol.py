@@ -21,9 +21,9 @@ import uuid
 from dataclasses import asdict
 
 from elasticft.agent.events import EventLog
-from elasticft.store import EtcdClient, RunKeys
+from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import CheckpointRequest, RequestReason
-
+from elasticft.store import EtcdClient
 
 
 class CheckpointProtocol:

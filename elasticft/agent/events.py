@@ -11,7 +11,8 @@ import logging
 import time
 import uuid
 
-from elasticft.store import EtcdClient, RunKeys, StoreError
+from elasticft.contract.keys import RunKeys
+from elasticft.store import EtcdClient, StoreError
 
 log = logging.getLogger(__name__)
 

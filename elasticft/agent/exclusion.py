@@ -14,11 +14,12 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from elasticft.contract.records import NodeState
-from elasticft.rendezvous.membership import NodeLease, running_nodes
-from elasticft.rendezvous.backend import leave_without_closing
-from elasticft.store import EtcdClient, RunKeys, StoreError
 from elasticft.agent.stragglers import StragglerMonitor, may_leave
+from elasticft.contract.keys import RunKeys
+from elasticft.contract.records import NodeState
+from elasticft.rendezvous.backend import leave_without_closing
+from elasticft.rendezvous.membership import NodeLease, running_nodes
+from elasticft.store import EtcdClient, StoreError
 
 log = logging.getLogger(__name__)
 

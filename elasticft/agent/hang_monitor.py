@@ -12,12 +12,21 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.api import (
+    RunResult,
+    WorkerGroup,
+    WorkerState,
+)
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from elasticft.agent.auto_timeouts import SectionTimeouts
+from elasticft.agent.hangs import (
+    FAULTHANDLER_GRACE,
+    Overrun,
+    dump_stacks,
+    find_overruns,
+)
 from elasticft.config import HangConfig
-from elasticft.agent.hangs import FAULTHANDLER_GRACE, Overrun, dump_stacks, find_overruns
 from elasticft.contract.progress import progress_dir, read_progress
 
 log = logging.getLogger(__name__)

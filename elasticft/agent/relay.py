@@ -19,8 +19,14 @@ from pathlib import Path
 from typing import Callable
 
 from elasticft.agent.ckpt_protocol import CheckpointProtocol, CheckpointRequest
-from elasticft.store import EtcdClient, RunKeys, StoreError, WatchEvent
-from elasticft.contract.run_dir import write_atomically
+from elasticft.contract.keys import RunKeys
+from elasticft.contract.run_dir import (
+    OUTBOX_DIR,
+    REQUEST_FILE,
+    OutboxKind,
+    write_atomically,
+)
+from elasticft.store import EtcdClient, StoreError, WatchEvent
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +46,7 @@ class CheckpointRelay:
         self._keys = keys
         self._protocol = protocol
         self.run_dir = Path(run_dir)
-        self.outbox = self.run_dir / "outbox"
+        self.outbox = self.run_dir / OUTBOX_DIR
         self._on_request = on_request
         self.pending: CheckpointRequest | None = None
         self._stop = threading.Event()
@@ -66,7 +72,7 @@ class CheckpointRelay:
 
     def _deliver(self, request: CheckpointRequest) -> None:
         self.pending = request
-        write_atomically(self.run_dir / "request.json", request.to_json())
+        write_atomically(self.run_dir / REQUEST_FILE, request.to_json())
         log.info("checkpoint request %s (%s from %s%s)", request.id, request.reason, request.requester,
                  ", then exit" if request.exit else "")
         if self._on_request is not None:
@@ -79,7 +85,7 @@ class CheckpointRelay:
         would make them save again at their first iteration.
         """
         if self.pending is not None and not self._protocol.is_open(self.pending):
-            (self.run_dir / "request.json").unlink(missing_ok=True)
+            (self.run_dir / REQUEST_FILE).unlink(missing_ok=True)
 
     def _forward_outbox(self) -> None:
         while not self._stop.wait(OUTBOX_POLL_SECONDS):
@@ -105,7 +111,7 @@ class CheckpointRelay:
 
     def _forward(self, message: dict) -> None:
         kind = message.get("type")
-        if kind == "ack":
+        if kind == OutboxKind.ACK:
             request_id = message.get("request_id")
             if request_id is None and self.pending is not None and self._protocol.is_open(self.pending):
                 request_id = self.pending.id  # a save after the request answers it
@@ -115,7 +121,7 @@ class CheckpointRelay:
             )
             log.info("checkpoint of iteration %s complete at %s (%.2f s)", message["iteration"], message["path"],
                      float(message["seconds"]))
-        elif kind == "filtered":
+        elif kind == OutboxKind.FILTERED:
             self._protocol.filtered(message["request_id"], int(message["iteration"]),
                                     message.get("last_saved_iteration"), str(message["why"]))
             log.info("risk request %s skipped: %s", message["request_id"], message["why"])

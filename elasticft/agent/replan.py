@@ -18,9 +18,14 @@ import logging
 from dataclasses import dataclass, replace
 
 from elasticft.config import PlannerConfig
-from elasticft.planner.megatron_args import MegatronFacts, load_model_config, model_facts_from_argv, rewrite_megatron_args
 from elasticft.planner.facts import with_limits
 from elasticft.planner.layout import NoLegalLayout, Plan, plan, plan_env
+from elasticft.planner.megatron_args import (
+    MegatronFacts,
+    load_model_config,
+    model_facts_from_argv,
+    rewrite_megatron_args,
+)
 
 log = logging.getLogger(__name__)
 

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Callable
 
 from elasticft.config import StragglerConfig
-from elasticft.periodic import Periodic
-from elasticft.store import EtcdClient, Lease, RunKeys
+from elasticft.contract.keys import RunKeys
 from elasticft.contract.progress import ProgressRecord, read_progress
+from elasticft.periodic import Periodic
+from elasticft.store import EtcdClient, Lease
 
 log = logging.getLogger(__name__)
 

@@ -27,21 +27,19 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from elasticft.config import WatchdogConfig
+from elasticft.contract.checkpoints import COMPLETE_MARKER, iteration_of
+from elasticft.contract.progress import progress_dir, read_progress
 from elasticft.health.sample import GpuSample
 from elasticft.periodic import Periodic
-from elasticft.contract.progress import progress_dir, read_progress
 
 log = logging.getLogger(__name__)
 
-_ITER_DIR = re.compile(r"^iter_(\d+)$")
-COMPLETE_MARKER = ".complete"
 
 
 @dataclass(frozen=True)
@@ -178,8 +176,8 @@ class Latch:
 def newest_checkpoint(root: str | Path) -> Path | None:
     """The newest complete ``iter_*`` directory (or the newest, when none has a marker)."""
     try:
-        entries = [(int(m.group(1)), p) for p in Path(root).iterdir()
-                   if (m := _ITER_DIR.match(p.name)) and p.is_dir()]
+        entries = [(i, p) for p in Path(root).iterdir()
+                   if (i := iteration_of(p.name)) is not None and p.is_dir()]
     except OSError:
         return None
     entries.sort(reverse=True)

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The rendezvous backend's name: ``--rdzv-backend etcd-v3`` for torchrun and eft-run,
+# and the ``torchrun.handlers`` entry point in pyproject.toml.
+BACKEND_NAME = "etcd-v3"
+
 
 @dataclass(frozen=True)
 class RunKeys:

@@ -32,7 +32,6 @@ class WorkerEnv(str, enum.Enum):
     RUN_DIR = "EFT_RUN_DIR"  # the run directory; unset: not under eft-run, the hook is inert
     START_TIME = "EFT_START_TIME"  # the job's start (the first agent's clock), for exit-duration
     INJECT = "EFT_INJECT"  # faults to inject (``--eft-inject``)
-    STACK_SIGNAL = "EFT_STACK_SIGNAL"  # the signal on which a worker prints its stacks
 
     def __str__(self) -> str:
         return self.value

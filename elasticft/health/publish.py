@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 
-from elasticft.store import EtcdClient, Lease, RunKeys
+from elasticft.contract.keys import RunKeys
 from elasticft.health.risk import RiskScore
 from elasticft.health.sample import GpuSample
+from elasticft.store import EtcdClient, Lease
 
 
 def health_record(sample: GpuSample, score: RiskScore) -> dict:

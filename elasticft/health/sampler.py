@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from elasticft.config import ConfigError, flag_name
-from elasticft.periodic import Periodic
 from elasticft.health.nvml import NvmlSource, NvmlUnavailable
 from elasticft.health.risk import RiskModel, RiskScore
 from elasticft.health.sample import GpuSample, HostSample
 from elasticft.health.sources import HostSource, ReplaySource, Source
 from elasticft.health.trace import TraceError
+from elasticft.periodic import Periodic
 
 log = logging.getLogger(__name__)
 

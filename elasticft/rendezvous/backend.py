@@ -34,13 +34,15 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousBackend,
     Token,
+)
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     create_handler as create_dynamic_handler,
 )
 
+from elasticft.contract.keys import BACKEND_NAME, RunKeys
 from elasticft.rendezvous.membership import Membership
-from elasticft.store import EtcdClient, RunKeys, StoreOptions, StoreUnavailable, connect
+from elasticft.store import EtcdClient, StoreOptions, StoreUnavailable, connect
 from elasticft.store.c10d_store import EtcdStore
-from elasticft.rendezvous.plugin import BACKEND_NAME
 
 log = logging.getLogger(__name__)
 

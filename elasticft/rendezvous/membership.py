@@ -15,8 +15,14 @@ import socket
 import threading
 import time
 
-from elasticft.contract.records import NodeRecord, NodeState, apply_node_events, store_node_record
-from elasticft.store import EtcdClient, Lease, RunKeys, StoreError, WatchEvent
+from elasticft.contract.keys import RunKeys
+from elasticft.contract.records import (
+    NodeRecord,
+    NodeState,
+    apply_node_events,
+    store_node_record,
+)
+from elasticft.store import EtcdClient, Lease, StoreError, WatchEvent
 
 log = logging.getLogger(__name__)
 

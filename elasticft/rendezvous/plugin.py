@@ -4,7 +4,7 @@ torch imports entry points while its rendezvous package is still initialising, s
 this module must not import torch itself: the real work is imported on first use.
 """
 
-BACKEND_NAME = "etcd-v3"
+from elasticft.contract.keys import BACKEND_NAME
 
 
 def create_etcd_v3_handler(params):

@@ -10,7 +10,6 @@ from elasticft.store.client import (
     WatchEvent,
     connect,
 )
-from elasticft.contract.keys import RunKeys
 from elasticft.store.server import EmbeddedEtcd, EtcdNotFound, find_etcd, free_port
 
 __all__ = [
@@ -19,7 +18,6 @@ __all__ = [
     "EtcdNotFound",
     "KeyValue",
     "Lease",
-    "RunKeys",
     "StoreError",
     "StoreOptions",
     "StoreUnavailable",

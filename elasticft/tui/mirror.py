@@ -19,8 +19,9 @@ import threading
 import time
 from collections import deque
 
+from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord, apply_node_events
-from elasticft.store import EtcdClient, RunKeys, StoreError, WatchEvent
+from elasticft.store import EtcdClient, StoreError, WatchEvent
 from elasticft.tui.state import LostNode, Record, RunState
 
 log = logging.getLogger(__name__)

@@ -15,19 +15,21 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from elasticft.contract.checkpoints import (
+    COMPLETE_MARKER,
+    TRACKER,
+    iter_dir_name,
+    iteration_of,
+)
 from elasticft.contract.run_dir import write_atomically
 
 log = logging.getLogger(__name__)
 
-TRACKER = "latest_checkpointed_iteration.txt"
-MARKER = ".complete"
-_ITER_DIR = re.compile(r"^iter_(\d{7,})$")
 
 
 class CheckpointDir:
@@ -40,7 +42,7 @@ class CheckpointDir:
         self.keep = keep
 
     def dir_of(self, iteration: int) -> Path:
-        return self.root / f"iter_{iteration:07d}"
+        return self.root / iter_dir_name(iteration)
 
     def path_for(self, iteration: int) -> Path:
         """The directory to save ``iteration`` into, created; call it on every rank.
@@ -50,7 +52,7 @@ class CheckpointDir:
         """
         path = self.dir_of(iteration)
         path.mkdir(parents=True, exist_ok=True)
-        (path / MARKER).unlink(missing_ok=True)
+        (path / COMPLETE_MARKER).unlink(missing_ok=True)
         return path
 
     def commit(self, iteration: int) -> None:
@@ -58,7 +60,7 @@ class CheckpointDir:
         path = self.dir_of(iteration)
         if not path.is_dir():
             raise FileNotFoundError(f"no checkpoint directory {path} to commit")
-        write_atomically(path / MARKER, json.dumps({"iteration": iteration, "time": time.time()}), durable=True)
+        write_atomically(path / COMPLETE_MARKER, json.dumps({"iteration": iteration, "time": time.time()}), durable=True)
         write_atomically(self.root / TRACKER, str(iteration), durable=True)
         self._prune(iteration)
 
@@ -82,11 +84,11 @@ class CheckpointDir:
         """Every iteration with a directory, complete or not, newest first."""
         if not self.root.is_dir():
             return []
-        found = (_ITER_DIR.match(entry.name) for entry in os.scandir(self.root) if entry.is_dir())
-        return sorted((int(m.group(1)) for m in found if m), reverse=True)
+        found = (iteration_of(entry.name) for entry in os.scandir(self.root) if entry.is_dir())
+        return sorted((i for i in found if i is not None), reverse=True)
 
     def is_complete(self, iteration: int) -> bool:
-        return (self.dir_of(iteration) / MARKER).is_file()
+        return (self.dir_of(iteration) / COMPLETE_MARKER).is_file()
 
     def complete_iterations(self) -> list[int]:
         """Iterations whose save was committed, newest first."""

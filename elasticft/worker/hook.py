@@ -26,12 +26,18 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from elasticft.config import CheckpointConfig, ConfigError, HangConfig, convert, from_env
+from elasticft.config import (
+    CheckpointConfig,
+    ConfigError,
+    HangConfig,
+    convert,
+    from_env,
+)
+from elasticft.contract.records import CheckpointRequest
+from elasticft.contract.run_dir import OutboxKind, WorkerEnv
 from elasticft.planner.megatron_args import flag_value
-
 from elasticft.worker.gap import gap_filter
 from elasticft.worker.progress import ProgressWriter
-from elasticft.contract.records import CheckpointRequest
 from elasticft.worker.relay import Outbox, RequestFile
 from elasticft.worker.signals import ExitSignals
 
@@ -113,7 +119,7 @@ class Hook:
     ):
         self.save_interval = save_interval if save_interval is not None else save_interval_from_argv(sys.argv)
         self.last_saved_iteration = last_saved_iteration
-        self.run_dir = os.environ.get("EFT_RUN_DIR", "")
+        self.run_dir = os.environ.get(WorkerEnv.RUN_DIR, "")
         self._latest = NO_ACTION
         if self.inert:
             return
@@ -156,8 +162,8 @@ class Hook:
         minutes = self.config.exit_duration_mins
         if not minutes:
             return None
-        raw = os.environ.get("EFT_START_TIME", "")
-        start = convert("start_time", raw, 0.0, "EFT_START_TIME") if raw else time.time()
+        raw = os.environ.get(WorkerEnv.START_TIME, "")
+        start = convert("start_time", raw, 0.0, WorkerEnv.START_TIME.value) if raw else time.time()
         return start + minutes * 60
 
     # -- every iteration -------------------------------------------------------------
@@ -309,7 +315,7 @@ class Hook:
         why = gap_filter(request.reason, iteration, last_saved, self.save_interval, self.config.ckpt_gap)
         log.info("request %s (%s) dropped by the gap rule: %s", request.id, request.reason, why)
         self._outbox.send({
-            "type": "filtered",
+            "type": OutboxKind.FILTERED,
             "request_id": request.id,
             "iteration": iteration,
             "last_saved_iteration": last_saved,
@@ -332,7 +338,7 @@ class Hook:
         if not self._leader:
             return
         self._outbox.send({
-            "type": "ack",
+            "type": OutboxKind.ACK,
             "request_id": self._latest.request_id,
             "iteration": iteration,
             "path": os.fspath(path),

@@ -28,9 +28,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(HERE)]
 
-from elasticft.agent.events import EventLog  # noqa: E402
-from elasticft.store import EmbeddedEtcd, RunKeys, StoreOptions, connect  # noqa: E402
 from story import tell  # noqa: E402
+
+from elasticft.agent.events import EventLog  # noqa: E402
+from elasticft.contract.keys import RunKeys
+from elasticft.store import EmbeddedEtcd, StoreOptions, connect
 
 MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
          "--max-position-embeddings", "32", "--vocab-size", "128", "--global-batch-size", "8",

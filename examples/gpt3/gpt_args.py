@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="megatron-core GPT pretraining on a synthetic token stream, with eft's hook",

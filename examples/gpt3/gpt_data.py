@@ -6,6 +6,7 @@ import hashlib
 
 import torch
 
+
 def sample_tokens(seed: int, index: int, length: int, vocab_size: int) -> torch.Tensor:
     """Global sample ``index``: ``length`` tokens, a function of (seed, index) alone.
 

@@ -314,8 +314,8 @@ class Log:
 def main(argv=None) -> int:
     args = parse_args(argv)
     trainer = Trainer(args)
-    from elasticft.agent.inject import FaultInjector
     from elasticft.worker import CheckpointDir, Hook
+    from elasticft.worker.inject import FaultInjector
 
     rank = trainer.rank
     log = Log(args.log_file, rank)

@@ -19,8 +19,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from elasticft.agent.inject import FaultInjector
 from elasticft.worker import CheckpointDir, Hook
+from elasticft.worker.inject import FaultInjector
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out")

@@ -1,0 +1,68 @@
+"""Fault injection for demos and tests: ``--eft-inject`` / ``EFT_INJECT``.
+
+A comma-separated list of ``KIND:TARGET@ITERATION``:
+
+* ``gpu_degrade:RANK@I`` — after iteration I, the GPU of global rank RANK starts to fail:
+  its node's health sampler reads an uncorrectable ECC error and Xid 79 for it from
+  then on (a critical event: risk 1.0), so the node asks for an emergency checkpoint;
+* ``rank_killed:RANK@I`` — after iteration I, rank RANK dies (SIGKILL);
+* ``rank_hung:RANK@I`` — after iteration I, rank RANK stops making progress;
+* ``node_lost:NODE@I`` — after iteration I, the node whose agent has group rank NODE
+  dies: its agent and all of its workers are SIGKILLed.
+
+Workers call ``FaultInjector.after_iteration(i)`` once per iteration; only the target
+acts. Each fault fires once per agent: a marker in the node's run directory remembers
+it, so re-done iterations after a restart do not fire it again. Without ``EFT_RUN_DIR``
+(not under eft-run) nothing fires. The worker side is ``elasticft.worker.inject.FaultInjector``; the agent side of
+``gpu_degrade`` is ``elasticft.health.injected.InjectedGpuSource``. They meet in the run
+directory (``DEGRADE_MARKER``, ``FIRED_PREFIX``).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+from elasticft.knobs import ConfigError, flag_name
+
+
+class FaultKind(str, enum.Enum):
+    """What an injected fault does (the module's docstring says how)."""
+
+    GPU_DEGRADE = "gpu_degrade"
+    RANK_KILLED = "rank_killed"
+    RANK_HUNG = "rank_hung"
+    NODE_LOST = "node_lost"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+KINDS = tuple(kind.value for kind in FaultKind)
+_SPEC = re.compile(r"^(?P<kind>[a-z_]+):(?P<target>\d+)@(?P<iteration>\d+)$")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    target: int
+    iteration: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-{self.target}-{self.iteration}"
+
+
+def parse_faults(spec: str) -> list[Fault]:
+    """``gpu_degrade:2@8,node_lost:1@10`` -> faults; a clear ConfigError otherwise."""
+    faults = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        match = _SPEC.match(item)
+        if not match or match["kind"] not in KINDS:
+            raise ConfigError(
+                f"{flag_name('inject')}: expected KIND:TARGET@ITERATION with KIND one of "
+                f"{', '.join(KINDS)}, got {item!r}"
+            )
+        faults.append(Fault(FaultKind(match["kind"]), int(match["target"]), int(match["iteration"])))
+    return faults

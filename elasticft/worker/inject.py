@@ -1,0 +1,84 @@
+"""The worker side of ``--eft-inject``: the targeted rank breaks itself on cue.
+
+See ``elasticft.contract.faults`` for the spec. Workers call
+``FaultInjector.after_iteration(i)`` once per iteration; only the target acts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from elasticft.contract.faults import Fault, FaultKind, parse_faults
+from elasticft.contract.run_dir import (
+    DEGRADE_MARKER,
+    FIRED_PREFIX,
+    WorkerEnv,
+    write_atomically,
+)
+
+
+class FaultInjector:
+    """The worker side: call ``after_iteration`` every iteration on every rank."""
+
+    def __init__(self, faults: list[Fault], run_dir: str | None, rank: int, local_rank: int, group_rank: int):
+        self._faults = [f for f in faults if self._targets(f, rank, local_rank, group_rank)]
+        self._run_dir = Path(run_dir) if run_dir else None
+        self._local_rank = local_rank
+
+    @classmethod
+    def from_env(cls) -> "FaultInjector":
+        env = os.environ
+        return cls(
+            parse_faults(env.get(WorkerEnv.INJECT, "")),
+            env.get(WorkerEnv.RUN_DIR),
+            int(env.get("RANK", "0")),
+            int(env.get("LOCAL_RANK", "0")),
+            int(env.get("GROUP_RANK", "0")),
+        )
+
+    @staticmethod
+    def _targets(fault: Fault, rank: int, local_rank: int, group_rank: int) -> bool:
+        if fault.kind is FaultKind.NODE_LOST:  # one worker of the node pulls the plug
+            return fault.target == group_rank and local_rank == 0
+        return fault.target == rank
+
+    def after_iteration(self, iteration: int) -> None:
+        if self._run_dir is None:
+            return
+        for fault in self._faults:
+            if fault.iteration != iteration:
+                continue
+            marker = self._run_dir / f"{FIRED_PREFIX}{fault.name}"
+            if marker.exists():
+                continue
+            marker.touch()
+            getattr(self, "_" + fault.kind.value)()
+
+    def _gpu_degrade(self) -> None:
+        write_atomically(self._run_dir / DEGRADE_MARKER, str(self._local_rank))
+
+    @staticmethod
+    def _rank_killed() -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    @staticmethod
+    def _rank_hung() -> None:
+        while True:  # alive, silent, holding its peers in the next collective
+            time.sleep(3600)
+
+    @staticmethod
+    def _node_lost() -> None:
+        import psutil
+
+        agent = psutil.Process(os.getppid())
+        victims = agent.children(recursive=True) + [agent]
+        for process in victims:
+            if process.pid != os.getpid():
+                try:
+                    process.kill()
+                except psutil.NoSuchProcess:
+                    pass
+        os.kill(os.getpid(), signal.SIGKILL)
