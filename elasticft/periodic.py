@@ -68,3 +68,43 @@ class Periodic:
     def _pause(self) -> None:
         self._wake.wait(self.interval)
         self._wake.clear()
+
+
+class PeriodicTask:
+    """Base of the agent's periodic monitors (health sampler, watchdogs, stragglers).
+
+    A subclass sets ``name`` and ``interval`` and implements ``check_once`` (one round,
+    which tests call directly); this base owns the thread. ``run_first`` False makes
+    the first round come one interval after ``start()``.
+    """
+
+    name = "eft-periodic"
+    interval: float = 1.0
+    run_first = True
+    _thread: Periodic | None = None
+
+    def check_once(self) -> object:
+        raise NotImplementedError
+
+    @property
+    def enabled(self) -> bool:
+        """False: nothing to check with this configuration; the agent does not start it."""
+        return True
+
+    def start(self):
+        self._thread = Periodic(self.name, self.check_once, self.interval, run_first=self.run_first).start()
+        return self
+
+    def wake(self) -> None:
+        """Run a round now instead of at the end of the current interval."""
+        if self._thread is not None:
+            self._thread.wake()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop; returns as soon as a round in progress has finished (at most ``timeout``)."""
+        if self._thread is not None:
+            self._thread.stop(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.running

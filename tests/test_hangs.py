@@ -16,9 +16,9 @@ from elasticft.agent.auto_timeouts import (
 )
 from elasticft.agent.hangs import find_overruns
 from elasticft.config import ConfigError, HangConfig
+from elasticft.contract.argv import flag_value
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.progress import ProgressRecord, read_progress
-from elasticft.planner.megatron_args import flag_value
 from elasticft.worker.progress import ProgressWriter
 from tests.launch import WORKERS, Launched, eft_run, read_jsonl, wait_for
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from elasticft.config import HangConfig
+from elasticft.contract.argv import flag_value
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.run_dir import write_atomically
-from elasticft.planner.megatron_args import flag_value
 from elasticft.store import EtcdClient, StoreError
 
 log = logging.getLogger(__name__)

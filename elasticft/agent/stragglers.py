@@ -38,7 +38,7 @@ from typing import Callable
 from elasticft.config import StragglerConfig
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.progress import ProgressRecord, read_progress
-from elasticft.periodic import Periodic
+from elasticft.periodic import PeriodicTask
 from elasticft.store import EtcdClient, Lease
 
 log = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ def pid_alive(pid: int) -> bool:
 # -- the agent's thread (I/O) --------------------------------------------------------------
 
 
-class StragglerMonitor:
+class StragglerMonitor(PeriodicTask):
     """The agent's straggler thread; ``check_once`` is one round (tests call it directly).
 
     ``record(kind, **fields)`` writes an event (EventLog.record, which also notifies);
@@ -232,6 +232,9 @@ class StragglerMonitor:
     ``gpu_of(local_rank)`` names the GPU a local rank runs on; ``world_size()`` is the
     number of ranks in the current round (None: unknown, score what is there).
     """
+
+    name = "eft-stragglers"
+    run_first = False  # one interval after the start: before that no rank has steps to judge
 
     def __init__(
         self,
@@ -263,7 +266,7 @@ class StragglerMonitor:
         self._clock = clock
         self._latch = StragglerLatch()
         self.best: dict[tuple[str, int], float] = {}  # survives worker restarts
-        self._thread: Periodic | None = None
+        self.interval = config.straggler_interval
 
     @property
     def enabled(self) -> bool:
@@ -320,16 +323,3 @@ class StragglerMonitor:
             action=self.config.straggler_action,
         )
 
-    def start(self) -> "StragglerMonitor":
-        # The first check one interval after the start: before that no rank has steps to judge.
-        self._thread = Periodic("eft-stragglers", self.check_once, self.config.straggler_interval,
-                                run_first=False).start()
-        return self
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._thread.stop(5)
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.running

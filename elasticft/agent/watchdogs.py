@@ -36,7 +36,7 @@ from elasticft.config import WatchdogConfig
 from elasticft.contract.checkpoints import COMPLETE_MARKER, iteration_of
 from elasticft.contract.progress import progress_dir, read_progress
 from elasticft.health.sample import GpuSample
-from elasticft.periodic import Periodic
+from elasticft.periodic import PeriodicTask
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ def worker_activity(run_dir: str | os.PathLike | None, pcontext: Any) -> float |
     return max(times)
 
 
-class Watchdogs:
+class Watchdogs(PeriodicTask):
     """The agent's watchdog thread; ``check_once`` is one round (tests call it directly).
 
     ``record(kind, **fields)`` writes an event (EventLog.record, which also notifies);
@@ -299,6 +299,8 @@ class Watchdogs:
     ``read_activity`` when the local workers last showed life (``worker_activity``);
     without them (no health sampler, no workers to watch) those checks are off.
     """
+
+    name = "eft-watchdogs"
 
     def __init__(
         self,
@@ -323,7 +325,7 @@ class Watchdogs:
         self._latch = Latch()
         self._usage: dict[str, CheckpointUsage] = {}  # by directory: the last size learned
         self._exit_requested = False
-        self._thread = Periodic("eft-watchdogs", self.check_once, config.watch_interval)
+        self.interval = config.watch_interval
         self._warned: set[str] = set()
 
     @property
@@ -388,13 +390,3 @@ class Watchdogs:
                 self._request_checkpoint(trip)
         return new
 
-    def start(self) -> "Watchdogs":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._thread.stop(5)
-
-    @property
-    def running(self) -> bool:
-        return self._thread.running

@@ -16,7 +16,7 @@ from elasticft.health.risk import RiskModel, RiskScore
 from elasticft.health.sample import GpuSample, HostSample
 from elasticft.health.sources import HostSource, ReplaySource, Source
 from elasticft.health.trace import TraceError
-from elasticft.periodic import Periodic
+from elasticft.periodic import PeriodicTask
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ OnTrigger = Callable[[RiskScore], None]
 _FROM_ENV = object()
 
 
-class HealthSampler:
+class HealthSampler(PeriodicTask):
     """Samples ``source`` on a daemon thread between ``start()`` and ``stop()``.
 
     ``publish(records)`` gets each GPU's latest (sample, score) after every read;
@@ -53,30 +53,18 @@ class HealthSampler:
         self.host_source = host_source
         self.latest: dict[tuple[str, int], tuple[GpuSample, RiskScore]] = {}
         self.latest_host: HostSample | None = None
-        self._thread = Periodic("eft-health", self.sample_once, interval)
         self._last_error: str | None = None
 
-    def start(self) -> "HealthSampler":
-        self._thread.start()
-        return self
-
-    def wake(self) -> None:
-        """Sample now instead of at the end of the current interval."""
-        self._thread.wake()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop sampling; returns as soon as a read in progress has finished."""
-        self._thread.stop(timeout)
-
-    @property
-    def running(self) -> bool:
-        return self._thread.running
+    name = "eft-health"
 
     def _warn(self, what: str, exc: BaseException) -> None:
         message = f"{what}: {exc}"
         if message != self._last_error:  # one line per new problem, not one per sample
             log.warning("health sampler: %s", message)
             self._last_error = message
+
+    def check_once(self) -> list[RiskScore]:
+        return self.sample_once()
 
     def sample_once(self) -> list[RiskScore]:
         """Read, score, call back and publish once; returns this read's scores."""

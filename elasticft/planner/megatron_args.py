@@ -106,16 +106,6 @@ def _facts(values: dict[str, Any], name_of: Callable[[str], str], source: str) -
                          ints.get("num_layers_per_virtual_pipeline_stage"), policy)
 
 
-def flag_value(argv: Sequence[str], name: str) -> str | None:
-    """The value of ``name`` in ``argv`` (``--name V`` or ``--name=V``; the last one wins, as in argparse)."""
-    value = None
-    for i, arg in enumerate(argv):
-        flag, eq, inline = arg.partition("=")
-        if flag == name:
-            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
-    return value
-
-
 def scan_argv(argv: Sequence[str]) -> dict[str, Any]:
     """The values of the flags the planner reads; other arguments are skipped."""
     value_flags = {flag(key): key for key in REQUIRED_KEYS + OPTIONAL_KEYS}

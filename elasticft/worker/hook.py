@@ -33,9 +33,9 @@ from elasticft.config import (
     convert,
     from_env,
 )
+from elasticft.contract.argv import flag_value
 from elasticft.contract.records import CheckpointRequest
 from elasticft.contract.run_dir import OutboxKind, WorkerEnv
-from elasticft.planner.megatron_args import flag_value
 from elasticft.worker.gap import gap_filter
 from elasticft.worker.progress import ProgressWriter
 from elasticft.worker.relay import Outbox, RequestFile
