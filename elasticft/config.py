@@ -1,9 +1,8 @@
-"""Configuration: one documented dataclass per concern, and ``Settings``, the list of them.
+"""Configuration: one documented dataclass per concern.
 
 Each field is a knob (``elasticft.knobs``): a flag ``--eft-<name>``, a variable
 ``EFT_<NAME>`` and the default written here, with one line of help. A new concern is a
-new dataclass here and one field in ``Settings``; the launcher and the agent take
-every concern from there.
+new dataclass here and one field in ``elasticft.settings.Settings``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,56 @@
+"""``Settings``: every concern's configuration, listed once.
+
+The launcher adds one flag group per field and builds ``Settings`` from the parsed
+flags; the agent takes it whole. A new concern is a dataclass in ``elasticft.config``
+and one field here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from elasticft.config import (
+    CheckpointConfig,
+    FTConfig,
+    HangConfig,
+    HealthConfig,
+    NotifyConfig,
+    PlannerConfig,
+    RiskConfig,
+    StragglerConfig,
+    WatchdogConfig,
+)
+from elasticft.knobs import add_arguments, from_args
+
+
+def _concern(cls: type, title: str) -> object:
+    """A field of ``Settings``: one concern's config and the title of its flag group."""
+    return field(default_factory=cls, metadata={"title": title})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every concern's configuration (the module's docstring says who reads it)."""
+
+    ft: FTConfig = _concern(FTConfig, "eft (each flag also reads an EFT_* variable)")
+    health: HealthConfig = _concern(HealthConfig, "eft GPU health sampler")
+    risk: RiskConfig = _concern(RiskConfig, "eft risk score")
+    planner: PlannerConfig = _concern(PlannerConfig, "eft parallelism planner")
+    ckpt: CheckpointConfig = _concern(CheckpointConfig, "eft checkpoints, switches and preemption")
+    hang: HangConfig = _concern(HangConfig, "eft hang detection (section timeouts)")
+    watchdog: WatchdogConfig = _concern(
+        WatchdogConfig, "eft watchdogs (checkpoint storage, host and GPU memory, silence)")
+    notify: NotifyConfig = _concern(NotifyConfig, "eft notifications")
+    straggler: StragglerConfig = _concern(StragglerConfig, "eft straggler detection")
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        """One flag group per concern; a malformed ``EFT_*`` variable raises ConfigError."""
+        for f in dataclasses.fields(cls):
+            add_arguments(parser, f.default_factory, f.metadata["title"])
+
+    @classmethod
+    def from_args(cls, args) -> "Settings":
+        """Build every concern from the parsed flags; a bad value raises ConfigError."""
+        return cls(**{f.name: from_args(f.default_factory, args) for f in dataclasses.fields(cls)})
