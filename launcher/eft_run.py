@@ -34,21 +34,9 @@ from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
 from torch.distributed.run import get_args_parser, parse_min_max_nnodes
 from torch.distributed.run import run as torchrun_run
 
-from elasticft.agent.agent import AgentOptions, EtcdTarget, FTElasticAgent
-from elasticft.config import (
-    CheckpointConfig,
-    ConfigError,
-    FTConfig,
-    HangConfig,
-    HealthConfig,
-    NotifyConfig,
-    PlannerConfig,
-    RiskConfig,
-    StragglerConfig,
-    WatchdogConfig,
-    add_arguments,
-    from_args,
-)
+from elasticft.agent.agent import FTElasticAgent
+from elasticft.agent.context import EtcdTarget
+from elasticft.config import ConfigError
 from elasticft.contract.faults import parse_faults
 from elasticft.contract.keys import RunKeys
 from elasticft.planner.layout import NoLegalLayout
@@ -58,6 +46,7 @@ from elasticft.rendezvous.backend import (
     RendezvousConfigError,
     close_watches,
 )
+from elasticft.settings import Settings
 from elasticft.store import EmbeddedEtcd, EtcdNotFound, StoreError
 
 log = logging.getLogger("elasticft")
@@ -76,15 +65,7 @@ def build_parser():
         "eft-run: a drop-in torchrun with an etcd v3 rendezvous, node leases and "
         "fault-tolerant restarts. All torchrun flags work unchanged."
     )
-    add_arguments(parser, FTConfig, "eft (each flag also reads an EFT_* variable)")
-    add_arguments(parser, HealthConfig, "eft GPU health sampler")
-    add_arguments(parser, RiskConfig, "eft risk score")
-    add_arguments(parser, PlannerConfig, "eft parallelism planner")
-    add_arguments(parser, CheckpointConfig, "eft checkpoints, switches and preemption")
-    add_arguments(parser, HangConfig, "eft hang detection (section timeouts)")
-    add_arguments(parser, WatchdogConfig, "eft watchdogs (checkpoint storage, host and GPU memory, silence)")
-    add_arguments(parser, NotifyConfig, "eft notifications")
-    add_arguments(parser, StragglerConfig, "eft straggler detection")
+    Settings.add_arguments(parser)
     return parser
 
 
@@ -141,14 +122,14 @@ def _setup_logging(level: str) -> None:
     log.propagate = False
 
 
-def run(args, options: AgentOptions) -> None:
+def run(args, settings: Settings) -> None:
     rdzv_conf = _check_torchrun_args(args)
     torchrun_plugin.register()
     embedded = None
     try:
         wants_embedded = args.standalone or (args.rdzv_backend == "etcd-v3" and not args.rdzv_endpoint)
         if wants_embedded:
-            embedded = EmbeddedEtcd(options.ft.etcd_binary).start()
+            embedded = EmbeddedEtcd(settings.ft.etcd_binary).start()
             if args.standalone:
                 args.standalone = False
                 args.rdzv_id = str(uuid.uuid4())
@@ -160,11 +141,11 @@ def run(args, options: AgentOptions) -> None:
         if args.rdzv_backend == "etcd-v3":
             target, conf_ttl = _etcd_target(args, rdzv_conf)
             if conf_ttl is not None:
-                options.ft.lease_ttl = conf_ttl
+                settings = dataclasses.replace(settings, ft=dataclasses.replace(settings.ft, lease_ttl=conf_ttl))
             os.environ["EFT_RUN_ID"] = args.rdzv_id
             os.environ["EFT_ENDPOINT"] = args.rdzv_endpoint
 
-        factory = functools.partial(FTElasticAgent, options=dataclasses.replace(options, etcd=target))
+        factory = functools.partial(FTElasticAgent, settings=settings, etcd=target)
         with _agent_factory(factory):
             torchrun_run(args)
     finally:
@@ -182,25 +163,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     args = parser.parse_args(argv)
     try:
-        options = AgentOptions(
-            ft=from_args(FTConfig, args),
-            health=from_args(HealthConfig, args),
-            risk=from_args(RiskConfig, args),
-            planner=from_args(PlannerConfig, args),
-            ckpt=from_args(CheckpointConfig, args),
-            etcd=None,
-            watchdog=from_args(WatchdogConfig, args),
-            notify=from_args(NotifyConfig, args),
-            hang=from_args(HangConfig, args),
-            straggler=from_args(StragglerConfig, args),
-        )
-        parse_faults(options.ft.inject)  # a malformed --eft-inject fails here, in one line
-        if options.ckpt.kill_switch and os.path.exists(options.ckpt.kill_switch):
+        settings = Settings.from_args(args)
+        parse_faults(settings.ft.inject)  # a malformed --eft-inject fails here, in one line
+        if settings.ckpt.kill_switch and os.path.exists(settings.ckpt.kill_switch):
             # A queued job (e.g. a SLURM array) burns through at once instead of working.
-            print(f"eft-run: kill switch {options.ckpt.kill_switch} is present; not starting", file=sys.stderr)
+            print(f"eft-run: kill switch {settings.ckpt.kill_switch} is present; not starting", file=sys.stderr)
             return
-        _setup_logging(options.ft.log_level)
-        run(args, options)
+        _setup_logging(settings.ft.log_level)
+        run(args, settings)
     except ChildFailedError:
         raise
     except SignalException as exc:

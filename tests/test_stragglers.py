@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from elasticft.agent.events import EventLog
+from elasticft.agent.exclusion import leave_if_straggler
 from elasticft.agent.stragglers import (
     MIN_STEPS,
     RankStep,
@@ -32,6 +33,7 @@ from elasticft.contract.records import NodeRecord
 from elasticft.health import GpuSample, RiskModel
 from elasticft.rendezvous.membership import Membership, NodeLease, running_nodes
 from elasticft.worker.progress import ProgressWriter
+from tests.contexts import agent_context, close_agent_contexts, recorded  # noqa: F401 - a fixture
 from tests.launch import wait_for
 from tests.test_health_risk import busy, run
 
@@ -252,12 +254,15 @@ def write_heartbeat(run_dir, rank, local_rank, step_times):
 class Node:
     def __init__(self, etcd, keys, tmp_path, name, config, **kwargs):
         self.run_dir = tmp_path / name
-        self.events = []
+        self.ctx = agent_context(etcd, keys, name, self.run_dir)
         self.risk = {}
         self.monitor = StragglerMonitor(
-            config, etcd, keys, name, self.run_dir, lambda kind, **f: self.events.append((kind, f)),
-            set_risk=lambda node, gpu, value: self.risk.__setitem__((node, gpu), value), **kwargs,
+            config, self.ctx, set_risk=lambda node, gpu, value: self.risk.__setitem__((node, gpu), value), **kwargs,
         )
+
+    @property
+    def events(self) -> list[tuple[str, dict]]:
+        return recorded(self.ctx)
 
     def beats(self, first_rank, per_rank):
         for local_rank, times in enumerate(per_rank):
@@ -337,13 +342,12 @@ def test_monitor_skips_young_dead_and_stale_ranks(etcd, tmp_path):
 
 def test_steps_vanish_with_the_node_lease(etcd, tmp_path):
     keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
-    lease = etcd.lease(2)
-    node = Node(etcd, keys, tmp_path, "n", StragglerConfig(), lease=lease)
+    node = Node(etcd, keys, tmp_path, "n", StragglerConfig())
     node.beats(0, [[0.1] * 4])
     node.monitor.check_once()
     value = json.loads(etcd.get(keys.steps("n")).value)
     assert value["node"] == "n" and [r["step_time"] for r in value["ranks"]] == [0.1]
-    lease.revoke()
+    node.ctx.lease.revoke()
     assert etcd.get(keys.steps("n")) is None
 
 
@@ -393,7 +397,7 @@ def test_the_straggler_factor_reaches_the_published_health_record(etcd, tmp_path
     keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
     source = ReplaySource(Path(__file__).parent / "data" / "healthy.csv", node="node-a")
     sampler = HealthSampler(source, RiskModel(), publish=EtcdHealthPublisher(etcd, keys, "node-a", None))
-    monitor = StragglerMonitor(StragglerConfig(), etcd, keys, "node-a", tmp_path, lambda *a, **k: None,
+    monitor = StragglerMonitor(StragglerConfig(), agent_context(etcd, keys, "node-a", tmp_path),
                                set_risk=sampler.model.set_straggler)
     for local_rank, seconds in enumerate([0.1, 0.1, 0.1, 0.5]):
         write_heartbeat(tmp_path, local_rank, local_rank, [seconds] * 4)
@@ -409,8 +413,9 @@ def test_the_straggler_factor_reaches_the_published_health_record(etcd, tmp_path
 
 def test_monitor_events_reach_etcd_and_the_thread_stops(etcd, tmp_path):
     keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
-    log = EventLog(etcd, keys, "n")
-    monitor = StragglerMonitor(StragglerConfig(straggler_interval=3600), etcd, keys, "n", tmp_path, log.record)
+    ctx = agent_context(etcd, keys, "n", tmp_path)
+    log = ctx.events
+    monitor = StragglerMonitor(StragglerConfig(straggler_interval=3600), ctx)
     for local_rank, seconds in enumerate([0.1, 0.1, 0.5]):
         write_heartbeat(tmp_path, local_rank, local_rank, [seconds] * 4)
     monitor.check_once()
@@ -534,49 +539,39 @@ class FakeHandler:
         raise AssertionError("closing the rendezvous would end the job for the others")
 
 
-def straggling_agent(etcd, keys, tmp_path, min_nodes):
-    """An FTElasticAgent's state for _leave_if_excluded: a real lease, monitor and event log."""
-    from types import SimpleNamespace
-
+def straggling_node(etcd, keys, tmp_path):
+    """Node "me" with a straggler among its ranks, as the agent holds it at a restart."""
     for local_rank, seconds in enumerate([0.1, 0.1, 0.9]):
         write_heartbeat(tmp_path, local_rank, local_rank, [seconds] * 4)
-    log = EventLog(etcd, keys, "me")
-    monitor = StragglerMonitor(StragglerConfig(straggler_action="exclude"), etcd, keys, "me", tmp_path, log.record)
+    ctx = agent_context(etcd, keys, "me", tmp_path)
+    monitor = StragglerMonitor(StragglerConfig(straggler_action="exclude"), ctx)
     monitor.check_once()
-    agent = SimpleNamespace(_stragglers=monitor, _client=etcd, _etcd=SimpleNamespace(keys=keys), _events=log,
-                            _excluded=False, _node_lease=NodeLease(etcd, keys, NodeRecord("me", "h", "h", 1), ttl=3))
-    group = SimpleNamespace(spec=SimpleNamespace(rdzv_handler=FakeHandler(min_nodes)))
-    return agent, group, log
+    return ctx, monitor
 
 
 @pytest.mark.parametrize("min_nodes", [2, 3])
 def test_a_straggling_node_stays_when_the_others_are_too_few(etcd, tmp_path, min_nodes):
-    from elasticft.agent.agent import FTElasticAgent
-
     keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
     other = NodeLease(etcd, keys, NodeRecord("other", "h", "h", 2), ttl=3)
-    agent, group, log = straggling_agent(etcd, keys, tmp_path, min_nodes)
-    FTElasticAgent._leave_if_excluded(agent, group)  # returns: the node stays
-    assert not agent._excluded and group.spec.rdzv_handler.heartbeats
+    ctx, monitor = straggling_node(etcd, keys, tmp_path)
+    handler = FakeHandler(min_nodes)
+    assert not leave_if_straggler(ctx, monitor, handler)  # the node stays
+    assert handler.heartbeats
     assert sorted(running_nodes(etcd, keys)) == ["me", "other"]  # marked running again
-    assert [e["kind"] for e in log.read()] == ["straggler"]
+    assert [e["kind"] for e in ctx.events.read()] == ["straggler"]
     other.close(clean=True)
-    agent._node_lease.close(clean=True)
+    ctx.node.close(clean=True)
 
 
 def test_a_straggling_node_leaves_without_closing_the_rendezvous(etcd, tmp_path):
-    from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
-
-    from elasticft.agent.agent import FTElasticAgent
-
     keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
     other = NodeLease(etcd, keys, NodeRecord("other", "h", "h", 2), ttl=3)
-    agent, group, log = straggling_agent(etcd, keys, tmp_path, min_nodes=1)
-    with pytest.raises(RendezvousGracefulExitError, match="me left the job as a straggler"):
-        FTElasticAgent._leave_if_excluded(agent, group)
-    handler = group.spec.rdzv_handler
-    assert agent._excluded and not handler.heartbeats and handler.shutdown() is True
+    ctx, monitor = straggling_node(etcd, keys, tmp_path)
+    handler = FakeHandler(1)
+    assert leave_if_straggler(ctx, monitor, handler)
+    assert not handler.heartbeats and handler.shutdown() is True
     assert etcd.get(keys.node("me")) is None and sorted(running_nodes(etcd, keys)) == ["other"]
+    log = ctx.events
     straggler, excluded = log.read()
     assert (excluded["kind"], excluded["ranks"], excluded["remaining_nodes"]) == ("node_excluded", [2], 1)
     other.close(clean=True)

@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
 from elasticft.agent.ckpt_protocol import CheckpointProtocol, CheckpointRequest
+from elasticft.agent.context import AgentContext
 from elasticft.agent.relay import CheckpointRelay
 from elasticft.config import CheckpointConfig
 from elasticft.contract.keys import RunKeys
+from elasticft.contract.run_dir import WorkerEnv
 from elasticft.store import EtcdClient
 
 log = logging.getLogger(__name__)
@@ -33,10 +33,10 @@ _TORCH_HANDLED_DEFAULT = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
 
 class CheckpointCoordinator:
-    def __init__(self, config: CheckpointConfig, signal_workers: Callable[[int], None]):
+    def __init__(self, config: CheckpointConfig, signal_workers: Callable[[int], None], run_dir: Path):
         self.config = config
         self._signal_workers = signal_workers
-        self.run_dir: Path | None = None
+        self.run_dir = run_dir
         self.protocol: CheckpointProtocol | None = None
         self._relay: CheckpointRelay | None = None
         self.restart_after_signal_save = False
@@ -46,15 +46,14 @@ class CheckpointCoordinator:
         return bool(self.config.kill_switch) and os.path.exists(self.config.kill_switch)
 
     def worker_environment(self, client: EtcdClient | None, keys: RunKeys | None) -> dict[str, str]:
-        """Create the run directory; the variables the worker hook reads."""
-        self.run_dir = Path(tempfile.mkdtemp(prefix="eft-run-"))
+        """The variables the worker hook reads."""
         return {
-            "EFT_RUN_DIR": str(self.run_dir),
+            WorkerEnv.RUN_DIR: str(self.run_dir),
             "EFT_SAVE_SWITCH": os.path.abspath(self.config.save_switch) if self.config.save_switch else "",
             "EFT_KILL_SWITCH": os.path.abspath(self.config.kill_switch) if self.config.kill_switch else "",
             "EFT_EXIT_SIGNALS": self.config.exit_signals,
             "EFT_EXIT_DURATION_MINS": str(self.config.exit_duration_mins),
-            "EFT_START_TIME": str(self._job_start_time(client, keys)),
+            WorkerEnv.START_TIME: str(self._job_start_time(client, keys)),
             "EFT_CKPT_GAP": str(self.config.ckpt_gap),
         }
 
@@ -67,9 +66,11 @@ class CheckpointCoordinator:
         client.create(keys.started, str(now))
         return float(client.get(keys.started).value)
 
-    def connect(self, client: EtcdClient, keys: RunKeys, node_id: str, notifier=None) -> None:
-        self.protocol = CheckpointProtocol(client, keys, node_id, self.config.ckpt_request_timeout, notifier)
-        self._relay = CheckpointRelay(client, keys, self.protocol, self.run_dir, self._on_request).start()
+    def connect(self, ctx: AgentContext) -> None:
+        """Relay ``ckpt/request`` to the workers and their answers back (etcd-v3 only)."""
+        self.protocol = CheckpointProtocol(ctx.client, ctx.keys, ctx.node_id, self.config.ckpt_request_timeout,
+                                           ctx.events.notifier)
+        self._relay = CheckpointRelay(ctx.client, ctx.keys, self.protocol, self.run_dir, self._on_request).start()
 
     def before_workers_start(self) -> None:
         if self._relay is not None:
@@ -80,6 +81,11 @@ class CheckpointCoordinator:
             self.restart_after_signal_save = not request.exit
             log.info("sending SIGTERM to the workers for Megatron's --exit-signal-handler to save")
             self._signal_workers(signal.SIGTERM)
+
+    def take_signal_save(self) -> bool:
+        """Whether the workers just exited after a ``--eft-ckpt-mode signal`` save (asked once)."""
+        taken, self.restart_after_signal_save = self.restart_after_signal_save, False
+        return taken
 
     def request_for_risk(self, requester: str, risk: float) -> None:
         if self.protocol is not None:
@@ -116,5 +122,3 @@ class CheckpointCoordinator:
             signal.signal(sig, handler)
         if self._relay is not None:
             self._relay.stop()
-        if self.run_dir is not None:
-            shutil.rmtree(self.run_dir, ignore_errors=True)

@@ -12,35 +12,27 @@ restart without it at once, not charged to ``--max-restarts``.
 from __future__ import annotations
 
 import logging
-from typing import Callable
 
+from elasticft.agent.context import AgentContext
 from elasticft.agent.stragglers import StragglerMonitor, may_leave
-from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeState
 from elasticft.rendezvous.backend import leave_without_closing
-from elasticft.rendezvous.membership import NodeLease, running_nodes
-from elasticft.store import EtcdClient, StoreError
+from elasticft.rendezvous.membership import running_nodes
+from elasticft.store import StoreError
 
 log = logging.getLogger(__name__)
 
 
-def leave_if_straggler(
-    monitor: StragglerMonitor | None,
-    lease: NodeLease,
-    client: EtcdClient,
-    keys: RunKeys,
-    rdzv_handler,
-    record: Callable[..., None],
-) -> bool:
+def leave_if_straggler(ctx: AgentContext, monitor: StragglerMonitor | None, rdzv_handler) -> bool:
     """True when this node has left the job (the caller ends the agent); False: it stays."""
     if monitor is None or not monitor.wants_exclusion():
         return False
-    node_id = lease.record.node_id
+    node_id, lease = ctx.node_id, ctx.node
     ranks = sorted(s.rank for s in monitor.stragglers)
-    min_nodes = getattr(getattr(rdzv_handler, "settings", None), "min_nodes", 1)
+    min_nodes = rdzv_handler.settings.min_nodes
     try:
         lease.set_state(NodeState.EXCLUDED)
-        others = len([n for n in running_nodes(client, keys) if n != node_id])
+        others = len([n for n in running_nodes(ctx.client, ctx.keys) if n != node_id])
         why = f"without node {node_id} the job would have {others} node(s), fewer than --nnodes' minimum {min_nodes}"
     except StoreError as exc:
         others, why = None, f"cannot count the other nodes: {exc}"
@@ -51,7 +43,7 @@ def leave_if_straggler(
             pass  # the lease keeps the record; the next restart tries again
         log.warning("straggler rank(s) %s stay: %s", ranks, why)
         return False
-    record("node_excluded", ranks=ranks, reason="straggler", remaining_nodes=others)
+    ctx.record("node_excluded", ranks=ranks, reason="straggler", remaining_nodes=others)
     log.warning("node %s leaves the job: straggler rank(s) %s (--eft-straggler-action exclude); "
                 "%d node(s) go on without it", node_id, ranks, others)
     leave_without_closing(rdzv_handler)

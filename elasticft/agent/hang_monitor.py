@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -22,6 +23,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from elasticft.agent.auto_timeouts import SectionTimeouts
 from elasticft.agent.hangs import (
     FAULTHANDLER_GRACE,
+    PY_SPY_TIMEOUT,
     Overrun,
     dump_stacks,
     find_overruns,
@@ -42,6 +44,7 @@ class HangMonitor:
         self.run_dir = Path(run_dir)
         self._record = record
         self._next_check = 0.0
+        self._dumps: list[threading.Thread] = []
         timeouts.load()
         log.info("section timeouts: %s%s", timeouts.describe(), " (learning)" if timeouts.auto else "")
 
@@ -62,24 +65,41 @@ class HangMonitor:
         return find_overruns(records, alive, self.timeouts.current, time.time() if now is None else now)
 
     def failure(self, overruns: list[Overrun], worker_group: WorkerGroup) -> RunResult:
-        """Log and record each overrun with its stacks; the failed result torch restarts from."""
+        """The failed result torch restarts from; the stacks are taken on a thread.
+
+        py-spy may take seconds per rank, and the monitor loop must not wait on it: the
+        dumps start here, one thread per hung rank, and ``wait_for_stacks`` (called
+        before the hung ranks are killed) waits for them. Each rank's ``hang`` event is
+        recorded when its stacks are in the log, saying how they got there.
+        """
         failures = {}
-        signalled = False
         for overrun in overruns:
             log.error("hang: %s", overrun.describe())
-            how = dump_stacks(overrun, self.config.stack_dumper)
-            signalled |= how == "faulthandler"
-            if self._record is not None:
-                self._record("hang", rank=overrun.rank, local_rank=overrun.local_rank, pid=overrun.pid,
-                             section=overrun.section, seconds=round(overrun.seconds, 2), timeout=overrun.timeout,
-                             iteration=overrun.iteration, stacks=how)
             worker = worker_group.workers[overrun.local_rank]
             failures[worker.global_rank] = ProcessFailure(
                 local_rank=overrun.local_rank, pid=overrun.pid, exitcode=1,
                 error_file=self._error_file(overrun))
-        if signalled:
-            time.sleep(FAULTHANDLER_GRACE)  # the ranks write their stacks before they are killed
+        self._dumps = [threading.Thread(target=self._dump_and_record, args=(o,), name=f"eft-stacks-{o.rank}",
+                                        daemon=True) for o in overruns]
+        for thread in self._dumps:
+            thread.start()
         return RunResult(state=WorkerState.FAILED, failures=failures)
+
+    def _dump_and_record(self, overrun: Overrun) -> None:
+        how = dump_stacks(overrun, self.config.stack_dumper)
+        if how == "faulthandler":
+            time.sleep(FAULTHANDLER_GRACE)  # the rank writes its stacks before it is killed
+        if self._record is not None:
+            self._record("hang", rank=overrun.rank, local_rank=overrun.local_rank, pid=overrun.pid,
+                         section=overrun.section, seconds=round(overrun.seconds, 2), timeout=overrun.timeout,
+                         iteration=overrun.iteration, stacks=how)
+
+    def wait_for_stacks(self, timeout: float = PY_SPY_TIMEOUT + FAULTHANDLER_GRACE) -> None:
+        """Before the hung ranks are killed: let the stack dumps finish (bounded)."""
+        deadline = time.monotonic() + timeout
+        for thread in self._dumps:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._dumps = []
 
     def _error_file(self, overrun: Overrun) -> str:
         """torch's error-file format, so that its failure report names the hang."""
@@ -91,4 +111,5 @@ class HangMonitor:
         return str(path)
 
     def close(self) -> None:
+        self.wait_for_stacks()
         self.timeouts.persist()

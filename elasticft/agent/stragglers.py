@@ -32,14 +32,12 @@ import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Callable
 
+from elasticft.agent.context import AgentContext
 from elasticft.config import StragglerConfig
-from elasticft.contract.keys import RunKeys
 from elasticft.contract.progress import ProgressRecord, read_progress
 from elasticft.periodic import PeriodicTask
-from elasticft.store import EtcdClient, Lease
 
 log = logging.getLogger(__name__)
 
@@ -227,8 +225,8 @@ def pid_alive(pid: int) -> bool:
 class StragglerMonitor(PeriodicTask):
     """The agent's straggler thread; ``check_once`` is one round (tests call it directly).
 
-    ``record(kind, **fields)`` writes an event (EventLog.record, which also notifies);
-    ``set_risk(node, gpu, factor)`` feeds the GPU's straggler factor to the risk model;
+    ``ctx`` is the node's handle on the run (its steps record goes there, under its
+    lease; events go to its log); ``set_risk(node, gpu, factor)`` feeds the GPU's straggler factor to the risk model;
     ``gpu_of(local_rank)`` names the GPU a local rank runs on; ``world_size()`` is the
     number of ranks in the current round (None: unknown, score what is there).
     """
@@ -239,13 +237,8 @@ class StragglerMonitor(PeriodicTask):
     def __init__(
         self,
         config: StragglerConfig,
-        client: EtcdClient,
-        keys: RunKeys,
-        node_id: str,
-        run_dir: str | os.PathLike,
-        record: Callable[..., None],
+        ctx: AgentContext,
         *,
-        lease: Lease | None = None,
         set_risk: Callable[[str, int, float], None] | None = None,
         gpu_of: Callable[[int], int] = lambda local_rank: local_rank,
         world_size: Callable[[], int | None] = lambda: None,
@@ -253,12 +246,8 @@ class StragglerMonitor(PeriodicTask):
         clock: Callable[[], float] = time.time,
     ):
         self.config = config
-        self._client = client
-        self._keys = keys
-        self.node_id = node_id
-        self.run_dir = Path(run_dir)
-        self._record = record
-        self._lease = lease
+        self._ctx = ctx
+        self.node_id = ctx.node_id
         self._set_risk = set_risk
         self._gpu_of = gpu_of
         self._world_size = world_size
@@ -284,10 +273,11 @@ class StragglerMonitor(PeriodicTask):
     def check_once(self) -> list[StragglerScore]:
         """Publish, read and score once; returns this node's scores (stragglers flagged)."""
         now = self._clock()
-        beats = {lr: b for lr, b in read_progress(self.run_dir).items() if self._alive(b.pid)}
+        beats = {lr: b for lr, b in read_progress(self._ctx.run_dir).items() if self._alive(b.pid)}
         own = rank_steps(self.node_id, beats, self._gpu_of)
-        self._client.put(self._keys.steps(self.node_id), steps_record(self.node_id, own, now), lease=self._lease)
-        items, _ = self._client.get_prefix(self._keys.all_steps)
+        ctx = self._ctx
+        ctx.client.put(ctx.keys.steps(self.node_id), steps_record(self.node_id, own, now), lease=ctx.lease)
+        items, _ = ctx.client.get_prefix(ctx.keys.all_steps)
         max_age = STALE_INTERVALS * self.config.straggler_interval
         everyone = [r for item in items for r in parse_steps_record(item.value, now, max_age)]
         # Our own figures are fresh by construction; a skewed clock must not hide them.
@@ -314,7 +304,7 @@ class StragglerMonitor(PeriodicTask):
             self.config.straggler_relative, self.config.straggler_individual,
             "; its node leaves the job at the next restart" if self.config.straggler_action == "exclude" else "",
         )
-        self._record(
+        self._ctx.record(
             "straggler", rank=s.rank, node=s.node, local_rank=s.local_rank, gpu=s.gpu,
             step_time=round(s.step_time, 6), job_median=round(s.job_median, 6), best=round(s.best, 6),
             relative=round(s.relative, 4), individual=round(s.individual, 4),

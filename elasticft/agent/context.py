@@ -1,0 +1,78 @@
+"""AgentContext: what every agent service needs to reach the run, in one object.
+
+Services used to take (client, keys, node_id, lease, record, run_dir) one by one; a
+service now takes the context and reads what it needs. It exists only on the
+``etcd-v3`` backend: without etcd there is no lease, no event log and no shared key.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from elasticft.agent.events import EventLog
+from elasticft.contract.keys import RunKeys
+from elasticft.contract.records import NodeRecord
+from elasticft.rendezvous.membership import Membership, NodeLease, default_node_id
+from elasticft.store import EtcdClient, Lease, StoreOptions, connect
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EtcdTarget:
+    """Where this run's keys live: endpoints (with TLS/auth) and the key prefix."""
+
+    store: StoreOptions
+    keys: RunKeys
+
+
+@dataclass(frozen=True)
+class AgentContext:
+    """One node agent's handle on the run: its etcd client, keys, lease, events, run dir."""
+
+    client: EtcdClient
+    keys: RunKeys
+    node: NodeLease  # this node's record, kept alive under its lease
+    events: EventLog
+    membership: Membership  # a live mirror of every node's record
+    run_dir: Path  # node-local; shared with the workers (elasticft.contract.run_dir)
+
+    @property
+    def node_id(self) -> str:
+        return self.node.record.node_id
+
+    @property
+    def lease(self) -> Lease:
+        return self.node.lease
+
+    def record(self, kind: str, **fields) -> None:
+        """Append an event to the run's log (and notify, when it is a notified kind)."""
+        self.events.record(kind, **fields)
+
+    @classmethod
+    def join(cls, target: EtcdTarget, node_id: str, rdzv_addr: str, gpus: int, ttl: float,
+             run_dir: Path) -> "AgentContext":
+        """Connect, write this node's record under a new lease, and watch the others'."""
+        client = connect(target.store)
+        record = NodeRecord(
+            node_id=node_id or default_node_id(),
+            host=socket.gethostname(),
+            rdzv_addr=rdzv_addr,  # the address torch's rendezvous names this agent by
+            pid=os.getpid(),
+            gpus=list(range(gpus)),
+        )
+        membership = Membership(client, target.keys)
+        node = NodeLease(client, target.keys, record, ttl)
+        events = EventLog(client, target.keys, record.node_id)
+        log.info("node %s joined run %s (lease TTL %g s)", record.node_id, target.keys.run_id, ttl)
+        return cls(client, target.keys, node, events, membership, run_dir)
+
+    def leave(self, clean: bool) -> None:
+        """Revoke the lease (marked exited first when ``clean``) and disconnect."""
+        self.node.close(clean)
+        self.membership.close()
+        self.client.close()

@@ -1,0 +1,79 @@
+"""The monitor's decision: what one look at the workers and the job calls for.
+
+torch's agent asks ``_monitor_workers`` every ``--monitor-interval`` what state the
+workers are in, and restarts them (charging ``--max-restarts``) when they failed. eft
+looks at more than the worker processes: lost nodes, nodes waiting to join, ranks
+that overran a section timeout, a ``--eft-ckpt-mode signal`` save. The agent gathers
+those into an ``Observation``; ``decide`` is the pure rule that turns it into a
+``Decision``, tested on its own without an agent or processes.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import dataclass, field
+
+from torch.distributed.elastic.agent.server.api import WorkerState
+
+from elasticft.contract.records import NodeRecord
+
+
+class Verdict(enum.Enum):
+    REPORT = "report"  # hand torch's own result back (healthy, finished, or a failure it charges)
+    HANG = "hang"  # report a failure for the hung ranks: torch restarts, charged to --max-restarts
+    RESTART = "restart"  # restart through a new rendezvous now, not charged; report healthy
+
+
+class RestartReason(str, enum.Enum):
+    """The ``reason`` of a ``restart`` event."""
+
+    WORKER_FAILED = "worker_failed"  # a worker exited with an error (torch's restart, charged)
+    MEMBERSHIP = "membership"  # a node was lost, or nodes wait to join (not charged)
+    HANG = "hang"  # a rank overran its section timeout (charged)
+    SIGNAL_SAVE = "signal_save"  # workers saved and exited because the agent asked (not charged)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the agent saw in one look.
+
+    ``lost`` is None when no membership change explains what happened, a list of the
+    nodes lost otherwise (empty when the change is nodes waiting to join). ``overruns``
+    (hung ranks) are looked for only while the workers are healthy.
+    """
+
+    state: WorkerState
+    lost: tuple[NodeRecord, ...] | None = None
+    overruns: tuple = ()
+    signal_save: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    reason: RestartReason = RestartReason.WORKER_FAILED
+    # How the workers are stopped: SIGTERM lets them save; a rank with a dead peer or
+    # a hung rank would never act on it, so those get SIGKILL.
+    stop_signal: signal.Signals = signal.SIGTERM
+    lost: tuple[NodeRecord, ...] = field(default=())
+
+
+REPORT = Decision(Verdict.REPORT)
+
+
+def decide(seen: Observation) -> Decision:
+    """The rule, in order: a membership change first (its peers' stalls and failures are
+    its consequences), then a hang, then a signal-driven save; else torch's own result."""
+    if seen.lost is not None and seen.state is not WorkerState.SUCCEEDED:
+        kill = bool(seen.lost)  # a dead peer: the survivors' collectives cannot finish a save
+        return Decision(Verdict.RESTART, RestartReason.MEMBERSHIP,
+                        signal.SIGKILL if kill else signal.SIGTERM, tuple(seen.lost))
+    if seen.state is WorkerState.HEALTHY and seen.overruns:
+        return Decision(Verdict.HANG, RestartReason.HANG, signal.SIGKILL)
+    if seen.state is WorkerState.SUCCEEDED and seen.signal_save:
+        return Decision(Verdict.RESTART, RestartReason.SIGNAL_SAVE)
+    return REPORT
