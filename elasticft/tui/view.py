@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from elasticft.health.trend import temperature_slope
 from elasticft.tui.state import RunState
 
 SORTS = ("risk", "node")
@@ -133,18 +134,6 @@ def _age(now: float, then) -> float | None:
     return None if then is None else max(0.0, now - then)
 
 
-def temperature_trend(points: list[tuple[float, float]]) -> float | None:
-    """Least-squares slope of (timestamp, C) points, in C per minute."""
-    if len(points) < 2:
-        return None
-    mean_t = sum(t for t, _ in points) / len(points)
-    mean_c = sum(c for _, c in points) / len(points)
-    spread = sum((t - mean_t) ** 2 for t, _ in points)
-    if spread <= 0:
-        return None
-    return 60.0 * sum((t - mean_t) * (c - mean_c) for t, c in points) / spread
-
-
 def _gpu_row(key, record: dict, state: RunState, now: float, settings: ViewSettings) -> GpuRow:
     sample = record.get("sample")
     sample = sample if isinstance(sample, dict) else {}
@@ -155,7 +144,7 @@ def _gpu_row(key, record: dict, state: RunState, now: float, settings: ViewSetti
     return GpuRow(
         node=key[0], gpu=key[1], risk=risk, level=risk_level(risk, settings.threshold),
         temperature_c=_number(sample.get("temperature_c")),
-        trend_c_per_min=temperature_trend(state.temperatures.get(key, [])),
+        trend_c_per_min=temperature_slope(state.temperatures.get(key, [])),
         memory_used_mib=_number(sample.get("memory_used_mib")), memory_total_mib=_number(sample.get("memory_total_mib")),
         power_w=_number(sample.get("power_w")), power_limit_w=_number(sample.get("power_limit_w")),
         utilization_pct=_number(sample.get("utilization_pct")),
