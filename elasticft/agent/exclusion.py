@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
+from elasticft.contract.events import EventKind
 from elasticft.rendezvous.membership import NodeLease, running_nodes
 from elasticft.rendezvous.backend import leave_without_closing
 from elasticft.store import EtcdClient, RunKeys, StoreError
@@ -49,7 +50,7 @@ def leave_if_straggler(
             pass  # the lease keeps the record; the next restart tries again
         log.warning("straggler rank(s) %s stay: %s", ranks, why)
         return False
-    record("node_excluded", ranks=ranks, reason="straggler", remaining_nodes=others)
+    record(EventKind.NODE_EXCLUDED, ranks=ranks, reason="straggler", remaining_nodes=others)
     log.warning("node %s leaves the job: straggler rank(s) %s (--eft-straggler-action exclude); "
                 "%d node(s) go on without it", node_id, ranks, others)
     leave_without_closing(rdzv_handler)

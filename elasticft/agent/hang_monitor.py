@@ -17,6 +17,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from elasticft.agent.auto_timeouts import SectionTimeouts
 from elasticft.config import HangConfig
+from elasticft.contract.events import EventKind
 from elasticft.agent.hangs import FAULTHANDLER_GRACE, Overrun, dump_stacks, find_overruns
 from elasticft.worker.progress import progress_dir, read_progress
 
@@ -61,7 +62,7 @@ class HangMonitor:
             how = dump_stacks(overrun, self.config.stack_dumper)
             signalled |= how == "faulthandler"
             if self._record is not None:
-                self._record("hang", rank=overrun.rank, local_rank=overrun.local_rank, pid=overrun.pid,
+                self._record(EventKind.HANG, rank=overrun.rank, local_rank=overrun.local_rank, pid=overrun.pid,
                              section=overrun.section, seconds=round(overrun.seconds, 2), timeout=overrun.timeout,
                              iteration=overrun.iteration, stacks=how)
             worker = worker_group.workers[overrun.local_rank]
