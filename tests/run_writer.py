@@ -13,6 +13,7 @@ from elasticft.agent.checkpoints import CheckpointCoordinator
 from elasticft.agent.ckpt_protocol import CheckpointProtocol
 from elasticft.agent.events import EventLog
 from elasticft.config import RiskConfig
+from elasticft.contract.events import EventKind
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord, layout_record
 from elasticft.health import EtcdHealthPublisher, GpuSample, RiskModel, RiskScore
@@ -53,7 +54,7 @@ class RunWriter:
         record = NodeRecord(node_id=node_id, host=f"host-{node_id}", rdzv_addr=f"host-{node_id}", pid=1000,
                             gpus=list(range(gpus)))
         lease = self.leases[node_id] = NodeLease(self.client, self.keys, record, ttl)
-        EventLog(self.client, self.keys, node_id).record("node_joined", host=record.host, gpus=gpus)
+        EventLog(self.client, self.keys, node_id).record(EventKind.NODE_JOINED, host=record.host, gpus=gpus)
         return lease
 
     def publish(self, node_id: str, samples: list[GpuSample]) -> list[RiskScore]:
@@ -67,7 +68,7 @@ class RunWriter:
         chosen = plan(MODEL, BATCH, gpus_per_node)
         self.client.put(self.keys.layout, layout_record(chosen, round_id))
         EventLog(self.client, self.keys, rank0).record(
-            "layout", tp=chosen.tp, pp=chosen.pp, dp=chosen.dp, used=chosen.used,
+            EventKind.LAYOUT, tp=chosen.tp, pp=chosen.pp, dp=chosen.dp, used=chosen.used,
             world_size=chosen.world, spare=chosen.spare,
         )
         return chosen
@@ -77,7 +78,7 @@ class RunWriter:
         self.leases.pop(node_id).close(clean=False)
         self.restarts += 1
         for survivor in survivors:
-            EventLog(self.client, self.keys, survivor).record("node_lost", nodes=[node_id], restarts=self.restarts)
+            EventLog(self.client, self.keys, survivor).record(EventKind.NODE_LOST, nodes=[node_id], restarts=self.restarts)
 
     def leave(self, node_id: str) -> None:
         self.leases.pop(node_id).close(clean=True)

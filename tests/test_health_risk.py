@@ -16,6 +16,7 @@ from elasticft.config import (
     from_env,
 )
 from elasticft.health import FACTORS, GpuSample, RiskModel
+from elasticft.health.trend import temperature_slope
 
 T0 = 1_714_564_800.0
 
@@ -165,6 +166,14 @@ def test_temperature_rise_rate_relative_to_peers():
     scores = run(model, rounds)
     assert scores[1].factors["temp_rise"] == 1.0  # 3 C/minute while the others stay flat
     assert scores[0].factors["temp_rise"] == 0.0
+
+
+def test_temperature_slope_is_c_per_minute_at_epoch_timestamps():
+    """The one slope the risk model and eft top share: exact at real clock values, None without a span."""
+    assert temperature_slope([(T0, 60.0), (T0 + 30, 61.0), (T0 + 60, 62.0)]) == pytest.approx(2.0, abs=1e-9)
+    assert temperature_slope([(T0, 70.0), (T0 + 120, 64.0)]) == pytest.approx(-3.0, abs=1e-9)
+    assert temperature_slope([(T0, 60.0)]) is None and temperature_slope([]) is None
+    assert temperature_slope([(T0, 60.0), (T0, 65.0)]) is None
 
 
 def test_corrected_ecc_rate_raises_the_errors_factor():

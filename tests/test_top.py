@@ -200,7 +200,7 @@ def test_checkpoint_panel_and_state_follow_the_protocol(etcd_server, run):
     protocol.filtered(skipped.id, 1210, 1200, "only 10 of 25 iterations since the last save")
     out = eft(etcd_server, run, "top", "--once").output
     assert f"[{skipped.id}] — skipped: only 10 of 25 iterations" in out
-    assert "skipped request" in out and "saved iteration 1200 in 3.2 s" in out
+    assert "skipped request" in out and "saved: iteration 1200 in 3.2 s" in out
 
 
 def test_layout_age_and_restarts_come_from_the_current_layouts_event():

@@ -62,6 +62,7 @@ from elasticft.agent.exclusion import leave_if_straggler
 from elasticft.agent.hang_monitor import HangMonitor
 from elasticft.agent.replan import RoundPlanner
 from elasticft.agent.services import AgentServices, WorkerProbe
+from elasticft.contract.events import EventKind
 from elasticft.contract.records import NodeRecord, layout_record
 from elasticft.contract.run_dir import WorkerEnv
 from elasticft.knobs import env_name
@@ -116,7 +117,7 @@ class FTElasticAgent(LocalElasticAgent):
             self._ctx = AgentContext.join(
                 self._etcd, self._settings.ft.node_id, spec.local_addr or socket.getfqdn(),
                 spec.local_world_size, self._settings.ft.lease_ttl, self._run_dir)
-            self._ctx.record("node_joined", host=self._ctx.node.record.host, gpus=spec.local_world_size)
+            self._ctx.record(EventKind.NODE_JOINED, host=self._ctx.node.record.host, gpus=spec.local_world_size)
         # Workers inherit the agent's environment (torch copies os.environ).
         ctx = self._ctx
         os.environ.update(self._ckpt.worker_environment(ctx.client if ctx else None, ctx.keys if ctx else None))
@@ -140,7 +141,7 @@ class FTElasticAgent(LocalElasticAgent):
         self._ckpt.close()
         if self._ctx is not None:
             if clean:
-                self._ctx.record("node_left")
+                self._ctx.record(EventKind.NODE_LEFT)
             self._ctx.leave(clean)
         self._services.close_notifier()
         shutil.rmtree(self._run_dir, ignore_errors=True)
@@ -160,9 +161,9 @@ class FTElasticAgent(LocalElasticAgent):
             return
         if clean:
             if self._worker_group.group_rank in (0, None):
-                self._ctx.record("job_finished")
+                self._ctx.record(EventKind.JOB_FINISHED)
         else:
-            self._ctx.record("job_failed", state=self._worker_group.state.name, stopped_by=stopped_by)
+            self._ctx.record(EventKind.JOB_FAILED, state=self._worker_group.state.name, stopped_by=stopped_by)
 
     def _signal_workers(self, signum: int) -> None:
         for pid in torch_seam.worker_pids(self):
@@ -211,7 +212,7 @@ class FTElasticAgent(LocalElasticAgent):
         self._rounds += 1
         if group_rank == 0 and self._ctx is not None:
             self._ctx.client.put(self._ctx.keys.layout, layout_record(chosen, self._rounds))
-            self._ctx.record("layout", tp=chosen.tp, pp=chosen.pp, dp=chosen.dp, used=chosen.used,
+            self._ctx.record(EventKind.LAYOUT, tp=chosen.tp, pp=chosen.pp, dp=chosen.dp, used=chosen.used,
                              world_size=chosen.world, spare=chosen.spare)
         log.info(
             "layout TP%d x PP%d x DP%d on %d of %d GPUs; this node runs %d worker(s)%s",
@@ -249,7 +250,7 @@ class FTElasticAgent(LocalElasticAgent):
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         """Every restart is an event; torch has already charged a worker failure to --max-restarts."""
         if self._ctx is not None:
-            self._ctx.record("restart", reason=self._pending.reason,
+            self._ctx.record(EventKind.RESTART, reason=self._pending.reason,
                              remaining_restarts=torch_seam.remaining_restarts(self),
                              max_restarts=worker_group.spec.max_restarts)
         try:  # torch's restart calls _stop_workers, which reads the pending decision
@@ -329,7 +330,7 @@ class FTElasticAgent(LocalElasticAgent):
             return
         self.membership_restarts += 1
         if decision.lost:
-            self._ctx.record("node_lost", nodes=[r.node_id for r in decision.lost],
+            self._ctx.record(EventKind.NODE_LOST, nodes=[r.node_id for r in decision.lost],
                              restarts=self.membership_restarts)
             log.warning(
                 "lost node(s) %s; restarting workers through a new rendezvous "

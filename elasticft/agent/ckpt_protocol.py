@@ -21,6 +21,7 @@ import uuid
 from dataclasses import asdict
 
 from elasticft.agent.events import EventLog
+from elasticft.contract.events import EventKind
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import CheckpointRequest, RequestReason
 from elasticft.store import EtcdClient
@@ -66,7 +67,7 @@ class CheckpointProtocol:
             if found is not None:
                 pending = CheckpointRequest.from_json(found.value)
                 if self._joins(pending, reason, exit) and self.is_open(pending):
-                    self.events.record("ckpt_request_joined", request_id=pending.id, reason=reason, requester=requester)
+                    self.events.record(EventKind.CKPT_REQUEST_JOINED, request_id=pending.id, reason=reason, requester=requester)
                     return pending, False
             new = CheckpointRequest(uuid.uuid4().hex[:12], reason, requester, exit, risk)
             swapped, _ = self._client.compare_and_swap(
@@ -74,7 +75,7 @@ class CheckpointProtocol:
             )
             if swapped:
                 self.events.record(
-                    "ckpt_request", request_id=new.id, reason=reason, requester=requester, exit=exit, risk=risk
+                    EventKind.CKPT_REQUEST, request_id=new.id, reason=reason, requester=requester, exit=exit, risk=risk
                 )
                 return new, True
             # Another requester won the race: go round and join its request.
@@ -86,13 +87,13 @@ class CheckpointProtocol:
         if request_id:
             self._client.put(self._keys.ckpt_ack(request_id), json.dumps(record))
         self._client.put(self._keys.ckpt_latest, json.dumps(record))
-        self.events.record("ckpt_saved", **record)
+        self.events.record(EventKind.CKPT_SAVED, **record)
 
     def filtered(self, request_id: str, iteration: int, last_saved_iteration: int | None, why: str) -> None:
         """The workers skipped a risk request: close it, and say why in the event log."""
         self._client.put(self._keys.ckpt_filtered(request_id), json.dumps({"iteration": iteration, "why": why}))
         self.events.record(
-            "ckpt_filtered", request_id=request_id, iteration=iteration,
+            EventKind.CKPT_FILTERED, request_id=request_id, iteration=iteration,
             last_saved_iteration=last_saved_iteration, why=why,
         )
 

@@ -1,5 +1,7 @@
 """The run's event log: ``/eft/<run>/events/<time_ns>-<suffix>``, JSON, read by ``eft top``.
 
+The kinds and their fields are listed in ``elasticft.contract.events``.
+
 Keys sort by time, so a prefix read returns the log in order; no counter is shared
 between writers, so writing an event never contends with anyone.
 """
@@ -27,7 +29,8 @@ class EventLog:
         self.notifier = notifier
 
     def record(self, kind: str, **fields) -> None:
-        """Append one event; a failure is logged, never raised (events are advisory)."""
+        """Append one event of ``kind`` (an ``EventKind``: its value is what the log stores);
+        a failure is logged, never raised (events are advisory)."""
         now = time.time()
         event = {"kind": kind, "time": now, "source": self._source, **fields}
         name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:6]}"

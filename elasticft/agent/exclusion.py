@@ -15,6 +15,7 @@ import logging
 
 from elasticft.agent.context import AgentContext
 from elasticft.agent.stragglers import StragglerMonitor, may_leave
+from elasticft.contract.events import EventKind
 from elasticft.contract.records import NodeState
 from elasticft.rendezvous.backend import leave_without_closing
 from elasticft.rendezvous.membership import running_nodes
@@ -43,7 +44,7 @@ def leave_if_straggler(ctx: AgentContext, monitor: StragglerMonitor | None, rdzv
             pass  # the lease keeps the record; the next restart tries again
         log.warning("straggler rank(s) %s stay: %s", ranks, why)
         return False
-    ctx.record("node_excluded", ranks=ranks, reason="straggler", remaining_nodes=others)
+    ctx.record(EventKind.NODE_EXCLUDED, ranks=ranks, reason="straggler", remaining_nodes=others)
     log.warning("node %s leaves the job: straggler rank(s) %s (--eft-straggler-action exclude); "
                 "%d node(s) go on without it", node_id, ranks, others)
     leave_without_closing(rdzv_handler)

@@ -29,6 +29,7 @@ from elasticft.agent.hangs import (
     find_overruns,
 )
 from elasticft.config import HangConfig
+from elasticft.contract.events import EventKind
 from elasticft.contract.progress import progress_dir, read_progress
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class HangMonitor:
         if how == "faulthandler":
             time.sleep(FAULTHANDLER_GRACE)  # the rank writes its stacks before it is killed
         if self._record is not None:
-            self._record("hang", rank=overrun.rank, local_rank=overrun.local_rank, pid=overrun.pid,
+            self._record(EventKind.HANG, rank=overrun.rank, local_rank=overrun.local_rank, pid=overrun.pid,
                          section=overrun.section, seconds=round(overrun.seconds, 2), timeout=overrun.timeout,
                          iteration=overrun.iteration, stacks=how)
 

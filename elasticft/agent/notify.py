@@ -29,64 +29,18 @@ import urllib.request
 from typing import Callable
 
 from elasticft.config import Sink
+from elasticft.contract.events import EventKind, describe, should_notify  # noqa: F401 - should_notify: the notifier's rule
 
 log = logging.getLogger(__name__)
 
-# The event kinds worth telling a person about (``ckpt_request`` only when risk-driven).
-NOTIFIED_KINDS = frozenset({
-    "node_lost", "node_left", "layout", "ckpt_request", "ckpt_saved", "ckpt_filtered",
-    "watchdog", "hang", "restart", "straggler", "node_excluded", "job_finished", "job_failed",
-})
-
-def should_notify(event: dict) -> bool:
-    kind = event.get("kind")
-    if kind not in NOTIFIED_KINDS:
-        return False
-    return kind != "ckpt_request" or event.get("reason") == "risk"
-
 
 def summary_line(event: dict) -> str:
-    """One human line for a chat message."""
-    kind = event.get("kind", "?")
-    source = event.get("source", "?")
-    e = event
-    if kind == "node_lost":
-        text = f"lost node(s) {', '.join(e.get('nodes', []))}; restarting through a new rendezvous"
-    elif kind == "layout":
-        text = f"new layout TP{e.get('tp')} x PP{e.get('pp')} x DP{e.get('dp')} on {e.get('used')} of {e.get('world_size')} GPUs"
-    elif kind == "ckpt_request":
-        risk = e.get("risk")
-        text = f"emergency checkpoint requested by {e.get('requester')} ({e.get('reason')}" + (
-            f", risk {risk:.2f})" if isinstance(risk, (int, float)) else ")")
-    elif kind == "ckpt_saved":
-        text = f"checkpoint saved: iteration {e.get('iteration')} at {e.get('path')} in {e.get('seconds', 0):.1f} s"
-    elif kind == "ckpt_filtered":
-        text = f"checkpoint request skipped at iteration {e.get('iteration')}: {e.get('why')}"
-    elif kind == "hang":
-        text = (f"rank {e.get('rank')} hung in section {e.get('section')} for {e.get('seconds')} s "
-                f"(timeout {e.get('timeout')} s) after iteration {e.get('iteration')}; restarting the workers")
-    elif kind == "restart":
-        text = f"workers restarted ({e.get('reason')}); {e.get('remaining_restarts')} of {e.get('max_restarts')} restarts left"
-    elif kind == "straggler":
-        text = (f"rank {e.get('rank')} on {e.get('node')} (GPU {e.get('gpu')}) is a straggler: "
-                f"step {_num(e.get('step_time'), '.3f')} s vs the job's median {_num(e.get('job_median'), '.3f')} s "
-                f"(relative {_num(e.get('relative'))}, individual {_num(e.get('individual'))})")
-    elif kind == "node_excluded":
-        text = (f"node {source} left the job at a restart: straggler rank(s) {e.get('ranks')}; "
-                f"{e.get('remaining_nodes')} node(s) go on")
-    elif kind == "watchdog":
-        text = f"watchdog {e.get('check')} tripped on {e.get('target')}: {e.get('message', '')}".rstrip(": ")
-    else:
-        extra = ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("kind", "time", "source", "suppressed"))
-        text = kind.replace("_", " ") + (f": {extra}" if extra else "")
-    line = f"[eft {e.get('run', '')}{'/' if e.get('run') else ''}{source}] {text}"
-    if e.get("suppressed"):
-        line += f" (+{e['suppressed']} more {kind} not sent: rate limit)"
+    """One human line for a chat message: who said it, what happened, what the rate limit held back."""
+    run, source = event.get("run", ""), event.get("source", "?")
+    line = f"[eft {run}{'/' if run else ''}{source}] {describe(event)}"
+    if event.get("suppressed"):
+        line += f" (+{event['suppressed']} more {event.get('kind', '?')} not sent: rate limit)"
     return line
-
-
-def _num(value, spec: str = ".2f") -> str:
-    return format(value, spec) if isinstance(value, (int, float)) else "?"
 
 
 class RateLimiter:
@@ -168,7 +122,7 @@ class Notifier:
             held = dict(self._limiter.suppressed)
             self._limiter.suppressed.clear()
         if held and self.sinks:
-            summary = {"kind": "notify_suppressed", "time": time.time(), "source": "eft", "counts": held}
+            summary = {"kind": EventKind.NOTIFY_SUPPRESSED, "time": time.time(), "source": "eft", "counts": held}
             if self.run:
                 summary["run"] = self.run
             try:

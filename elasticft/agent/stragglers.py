@@ -36,6 +36,7 @@ from typing import Callable
 
 from elasticft.agent.context import AgentContext
 from elasticft.config import StragglerConfig
+from elasticft.contract.events import EventKind
 from elasticft.contract.progress import ProgressRecord, read_progress
 from elasticft.periodic import PeriodicTask
 
@@ -305,7 +306,7 @@ class StragglerMonitor(PeriodicTask):
             "; its node leaves the job at the next restart" if self.config.straggler_action == "exclude" else "",
         )
         self._ctx.record(
-            "straggler", rank=s.rank, node=s.node, local_rank=s.local_rank, gpu=s.gpu,
+            EventKind.STRAGGLER, rank=s.rank, node=s.node, local_rank=s.local_rank, gpu=s.gpu,
             step_time=round(s.step_time, 6), job_median=round(s.job_median, 6), best=round(s.best, 6),
             relative=round(s.relative, 4), individual=round(s.individual, 4),
             relative_threshold=self.config.straggler_relative,

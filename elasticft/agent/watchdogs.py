@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable
 
 from elasticft.config import WatchdogConfig
 from elasticft.contract.checkpoints import COMPLETE_MARKER, iteration_of
+from elasticft.contract.events import EventKind
 from elasticft.contract.progress import progress_dir, read_progress
 from elasticft.health.sample import GpuSample
 from elasticft.periodic import PeriodicTask
@@ -380,7 +381,7 @@ class Watchdogs(PeriodicTask):
         new = self._latch.update(trips, checked)
         for trip in new:
             log.warning("watchdog %s on %s: %s", trip.check, trip.target, trip.message)
-            self._record("watchdog", **asdict(trip))
+            self._record(EventKind.WATCHDOG, **asdict(trip))
             if self._exit_requested:
                 continue  # the job is saving and stopping already: nothing more to ask
             if trip.save_and_exit:

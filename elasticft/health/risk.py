@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from elasticft.config import RiskConfig
 from elasticft.health.sample import GpuSample
+from elasticft.health.trend import temperature_slope
 
 FACTORS = ("temperature", "memory", "errors", "power", "utilization_drop", "temp_rise", "straggler")
 
@@ -110,18 +111,9 @@ class GpuHistory:
         return statistics.fmean(self.utils) if self.utils else None
 
     def rise_rate(self) -> float | None:
-        """Least-squares slope of the recent temperatures, C per minute."""
+        """Least-squares slope of the recent temperatures, C per minute; None below three samples."""
         recent = list(self.temps)[-RECENT:]
-        if len(recent) < 3:
-            return None
-        t0 = recent[0][0]
-        xs = [(t - t0) / 60.0 for t, _ in recent]
-        ys = [c for _, c in recent]
-        mx, my = statistics.fmean(xs), statistics.fmean(ys)
-        spread = sum((x - mx) ** 2 for x in xs)
-        if spread <= 0:
-            return None
-        return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / spread
+        return temperature_slope(recent) if len(recent) >= 3 else None
 
 
 @dataclass(frozen=True)

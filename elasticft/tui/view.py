@@ -22,7 +22,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from elasticft.contract.events import EventKind, describe
 from elasticft.contract.records import NodeState
+from elasticft.health.trend import temperature_slope
 from elasticft.tui.state import RunState
 
 SORTS = ("risk", "node")
@@ -134,18 +136,6 @@ def _age(now: float, then) -> float | None:
     return None if then is None else max(0.0, now - then)
 
 
-def temperature_trend(points: list[tuple[float, float]]) -> float | None:
-    """Least-squares slope of (timestamp, C) points, in C per minute."""
-    if len(points) < 2:
-        return None
-    mean_t = sum(t for t, _ in points) / len(points)
-    mean_c = sum(c for _, c in points) / len(points)
-    spread = sum((t - mean_t) ** 2 for t, _ in points)
-    if spread <= 0:
-        return None
-    return 60.0 * sum((t - mean_t) * (c - mean_c) for t, c in points) / spread
-
-
 def _gpu_row(key, record: dict, state: RunState, now: float, settings: ViewSettings) -> GpuRow:
     sample = record.get("sample")
     sample = sample if isinstance(sample, dict) else {}
@@ -156,7 +146,7 @@ def _gpu_row(key, record: dict, state: RunState, now: float, settings: ViewSetti
     return GpuRow(
         node=key[0], gpu=key[1], risk=risk, level=risk_level(risk, settings.threshold),
         temperature_c=_number(sample.get("temperature_c")),
-        trend_c_per_min=temperature_trend(state.temperatures.get(key, [])),
+        trend_c_per_min=temperature_slope(state.temperatures.get(key, [])),
         memory_used_mib=_number(sample.get("memory_used_mib")), memory_total_mib=_number(sample.get("memory_total_mib")),
         power_w=_number(sample.get("power_w")), power_limit_w=_number(sample.get("power_limit_w")),
         utilization_pct=_number(sample.get("utilization_pct")),
@@ -178,9 +168,9 @@ def _lost_rows(state: RunState, events: list[tuple[int, dict]], now: float) -> t
     joined: dict[str, tuple[int, dict]] = {}
     lost: dict[str, tuple[int, dict]] = {}
     for revision, event in events:
-        if event["kind"] == "node_joined" and event.get("source"):
+        if event["kind"] == EventKind.NODE_JOINED and event.get("source"):
             joined[event["source"]] = (revision, event)
-        elif event["kind"] == "node_lost":
+        elif event["kind"] == EventKind.NODE_LOST:
             for node in map(str, event.get("nodes") or []):
                 lost.setdefault(node, (revision, event))  # the first agent to report it
                 if joined.get(node, (-1,))[0] > lost[node][0]:
@@ -239,42 +229,10 @@ def _checkpoints(state: RunState, now: float, settings: ViewSettings) -> dict:
     return {"request": request, "last_ack": last_ack, "latest": latest}
 
 
-def describe_event(event: dict) -> str:
-    """One line for a person; unknown kinds show their fields."""
-    e = event
-    kind = e.get("kind")
-    if kind == "node_joined":
-        return f"{e.get('source')} joined ({e.get('host')}, {e.get('gpus')} GPUs)"
-    if kind == "node_lost":
-        return f"{e.get('source')} lost {', '.join(map(str, e.get('nodes') or []))} (restart {e.get('restarts')})"
-    if kind == "layout":
-        spare = e.get("spare") if isinstance(e.get("spare"), list) else []
-        return (f"layout TP{e.get('tp')}×PP{e.get('pp')}×DP{e.get('dp')} on {e.get('used')} of "
-                f"{e.get('world_size')} GPUs" + (f", {len(spare)} spare" if spare else ""))
-    if kind == "ckpt_request":
-        risk = f", risk {e['risk']:.2f}" if isinstance(e.get("risk"), (int, float)) else ""
-        return (f"{e.get('requester')} asked for a {e.get('reason')} save{' and exit' if e.get('exit') else ''}"
-                f"{risk} [{e.get('request_id')}]")
-    if kind == "ckpt_request_joined":
-        return f"{e.get('requester')} joined request {e.get('request_id')} ({e.get('reason')})"
-    if kind == "ckpt_saved":
-        seconds = f" in {e['seconds']:.1f} s" if isinstance(e.get("seconds"), (int, float)) else ""
-        return f"saved iteration {e.get('iteration')}{seconds} → {e.get('path')}"
-    if kind == "ckpt_filtered":
-        return f"skipped request {e.get('request_id')} at iteration {e.get('iteration')}: {e.get('why')}"
-    if kind == "hang":
-        return (f"rank {e.get('rank')} hung in {e.get('section')} for {e.get('seconds')} s "
-                f"(timeout {e.get('timeout')} s), stacks by {e.get('stacks')}")
-    if kind == "restart":
-        return f"workers restarted ({e.get('reason')}), {e.get('remaining_restarts')} restarts left"
-    extra = {k: v for k, v in e.items() if k not in ("kind", "time", "source")}
-    return f"{kind} " + " ".join(f"{k}={v}" for k, v in extra.items())
-
-
 def _restarts(events: list[tuple[int, dict]]) -> int:
     """Rounds after the first layout, or the agents' own count of restarts after losses."""
-    layouts = sum(1 for _, e in events if e["kind"] == "layout")
-    counted = [e.get("restarts") for _, e in events if e["kind"] == "node_lost"]
+    layouts = sum(1 for _, e in events if e["kind"] == EventKind.LAYOUT)
+    counted = [e.get("restarts") for _, e in events if e["kind"] == EventKind.NODE_LOST]
     return max([layouts - 1, 0] + [c for c in counted if isinstance(c, int)])
 
 
@@ -282,7 +240,7 @@ def _layout_age(state: RunState, events: list[tuple[int, dict]], now: float) -> 
     if state.layout is None:
         return None
     # The leader writes the layout key, then its event: the first layout event after the key.
-    published = [e for r, e in events if e["kind"] == "layout" and r > state.layout.revision]
+    published = [e for r, e in events if e["kind"] == EventKind.LAYOUT and r > state.layout.revision]
     return _age(now, published[0].get("time")) if published else None
 
 
@@ -299,7 +257,7 @@ def _state(state: RunState, events, newest_loss, checkpoints) -> tuple[str, str]
     if layout_revision is None:
         return "rendezvous", "no layout published yet (a job without the planner never publishes one)"
     waiting = [str(e.get("source")) for r, e in events
-               if e["kind"] == "node_joined" and r > layout_revision and e.get("source") in state.nodes]
+               if e["kind"] == EventKind.NODE_JOINED and r > layout_revision and e.get("source") in state.nodes]
     if waiting:
         return "rendezvous", f"{', '.join(waiting)} joined; waiting for the next round"
     return "training", "every live node is in the current layout; no checkpoint request open"
@@ -326,7 +284,7 @@ def build_view(state: RunState, now: float, settings: ViewSettings = ViewSetting
         watch_error=state.watch_error,
     )
     shown = events[-settings.events:] if settings.events > 0 else []
-    rows = [EventRow(_number(e.get("time")), _age(now, e.get("time")), e["kind"], e.get("source"), describe_event(e))
+    rows = [EventRow(_number(e.get("time")), _age(now, e.get("time")), e["kind"], e.get("source"), describe(e))
             for _, e in reversed(shown)]
     return View(state.exists, header, lost, gpus, checkpoints, rows, settings.sort)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from elasticft.contract.events import EventKind
+
 
 def summary(result: dict) -> dict:
     """The facts the story tells and the tests check."""
@@ -11,9 +13,9 @@ def summary(result: dict) -> dict:
     starts = [r for r in log if r.get("event") == "start"]
     steps = [r for r in log if r.get("event") == "iteration"]
     saves = [r for r in log if r.get("event") == "save"]
-    risk = [e for e in events if e["kind"] == "ckpt_request" and e.get("reason") == "risk"]
+    risk = [e for e in events if e["kind"] == EventKind.CKPT_REQUEST and e.get("reason") == "risk"]
     emergency = [s for s in saves if s.get("reason") == "risk"]
-    lost = [e for e in events if e["kind"] == "node_lost"]
+    lost = [e for e in events if e["kind"] == EventKind.NODE_LOST]
     redone = 0
     for before, after in zip(starts, starts[1:]):
         reached = max((r["iteration"] for r in steps if before["time"] <= r["time"] < after["time"]), default=0)

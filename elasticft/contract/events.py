@@ -1,0 +1,175 @@
+"""The run's event kinds, which of them a person is told about, and the one line each reads as.
+
+Agents append events to ``/eft/<run>/events/`` (``elasticft.agent.events.EventLog``) as
+JSON ``{"kind", "time", "source", **fields}``; ``eft top`` shows them and the notifier
+sends the notable ones, both through ``describe``. Writers and readers import this
+module, so it imports nothing from elasticft outside ``elasticft.contract``.
+
+The members' values are the wire strings: ``eft top`` of an older version reads the same
+log, so a value never changes (a new kind is a new member). ``describe`` gets events as
+read back (a plain ``str`` kind, fields written by any version), so it never trusts a
+field to be there or to have its type.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Callable
+
+
+class EventKind(enum.StrEnum):
+    """One member per kind; the comment above each says what it means and its fields
+    (besides kind, time and source)."""
+
+    # The source registered for the next round; host, gpus (a count).
+    NODE_JOINED = "node_joined"
+    # The source's agent exited cleanly and closed its record; no fields.
+    NODE_LEFT = "node_left"
+    # The source saw peers' leases expire without a clean exit; nodes (ids), restarts (its count so far).
+    NODE_LOST = "node_lost"
+    # The source leaves the job at a restart; ranks (its stragglers), reason, remaining_nodes (None: unknown).
+    NODE_EXCLUDED = "node_excluded"
+    # Rank 0's agent published the planner's layout for a round; tp, pp, dp, used, world_size, spare (ranks).
+    LAYOUT = "layout"
+    # The source's agent restarts its workers; reason, remaining_restarts, max_restarts.
+    RESTART = "restart"
+    # A new request for a save; request_id, reason, requester, exit, risk (None unless risk-driven).
+    CKPT_REQUEST = "ckpt_request"
+    # A requester joined the open request instead of making its own; request_id, reason, requester.
+    CKPT_REQUEST_JOINED = "ckpt_request_joined"
+    # A complete checkpoint; request_id (None: a periodic save), iteration, path, seconds, exit, time.
+    CKPT_SAVED = "ckpt_saved"
+    # The workers' gap rule skipped a risk request; request_id, iteration, last_saved_iteration, why.
+    CKPT_FILTERED = "ckpt_filtered"
+    # A watchdog tripped; check, target, reading, limit, message, save, save_and_exit.
+    WATCHDOG = "watchdog"
+    # A rank overran its section's timeout; rank, local_rank, pid, section, seconds, timeout, iteration, stacks.
+    HANG = "hang"
+    # A rank steps slowly; rank, node, local_rank, gpu, step_time, job_median, best, relative, individual,
+    # relative_threshold, individual_threshold, action.
+    STRAGGLER = "straggler"
+    # The job ended cleanly (recorded by group rank 0 only); no fields.
+    JOB_FINISHED = "job_finished"
+    # The source's agent stopped without a clean end; state (its workers'), stopped_by (None: not by an exception).
+    JOB_FAILED = "job_failed"
+    # Never in the log: the notifier's last message when it closes; counts ({kind: notifications held back}).
+    NOTIFY_SUPPRESSED = "notify_suppressed"
+
+    @property
+    def notified(self) -> bool:
+        """Worth telling a person about (a ckpt_request only when risk-driven: ``should_notify``)."""
+        return self in NOTIFIED_KINDS
+
+
+NOTIFIED_KINDS = frozenset({
+    EventKind.NODE_LOST, EventKind.NODE_LEFT, EventKind.LAYOUT, EventKind.CKPT_REQUEST, EventKind.CKPT_SAVED,
+    EventKind.CKPT_FILTERED, EventKind.WATCHDOG, EventKind.HANG, EventKind.RESTART, EventKind.STRAGGLER,
+    EventKind.NODE_EXCLUDED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED,
+})
+
+# Every event's own fields (time, source), and what the notifier adds (run, suppressed):
+# not part of what happened, so never in a line's list of fields.
+ENVELOPE = frozenset({"kind", "time", "source", "run", "suppressed"})
+
+
+def should_notify(event: dict) -> bool:
+    """Whether the notifier sends ``event``."""
+    kind = event.get("kind")
+    if not isinstance(kind, str) or kind not in NOTIFIED_KINDS:
+        return False
+    # A manual, signal or watchdog request is someone's own doing (a watchdog trip is notified by itself).
+    return kind != EventKind.CKPT_REQUEST or event.get("reason") == "risk"
+
+
+class _Fields:
+    """One event's fields as text: a missing field reads "?", a number of the wrong type too."""
+
+    def __init__(self, event: dict):
+        self.event = event
+
+    def __getitem__(self, key: str) -> str:
+        value = self.event.get(key)
+        return "?" if value is None else str(value)
+
+    def num(self, key: str, spec: str = ".2f") -> str:
+        value = self.event.get(key)
+        return format(value, spec) if _is_number(value) else "?"
+
+    def names(self, key: str) -> str:
+        """A list field as "a, b"; anything else as it is."""
+        value = self.event.get(key)
+        return ", ".join(map(str, value)) if isinstance(value, list) else self[key]
+
+    def part(self, template: str, key: str, number: bool = False) -> str:
+        """An optional part of a line: ``template`` filled with the field, "" when the field
+        is absent or empty (or, with ``number``, not a number)."""
+        value = self.event.get(key)
+        if value is None or value == "" or (number and not _is_number(value)):
+            return ""
+        return template.format(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _spare(event: dict) -> str:
+    spare = event.get("spare")
+    return f", {len(spare)} spare" if isinstance(spare, list) and spare else ""
+
+
+def _suppressed_counts(event: dict) -> str:
+    counts = event.get("counts")
+    if not isinstance(counts, dict):
+        return f"rate limit held back notifications: {counts}"
+    return "rate limit held back " + ", ".join(f"{n} {kind}" for kind, n in counts.items())
+
+
+_LINES: dict[EventKind, Callable[[_Fields], str]] = {
+    EventKind.NODE_JOINED: lambda f: f"node {f['source']} joined ({f['host']}, {f['gpus']} GPUs)",
+    EventKind.NODE_LEFT: lambda f: f"node {f['source']} left the job cleanly",
+    EventKind.NODE_LOST: lambda f: (
+        f"lost node(s) {f.names('nodes')} (reported by {f['source']}); restart{f.part(' {}', 'restarts')} "
+        "through a new rendezvous"),
+    EventKind.NODE_EXCLUDED: lambda f: (
+        f"node {f['source']} left the job at a restart: straggler rank(s) {f['ranks']}; "
+        f"{f['remaining_nodes']} node(s) go on"),
+    EventKind.LAYOUT: lambda f: (
+        f"new layout TP{f['tp']} x PP{f['pp']} x DP{f['dp']} on {f['used']} of {f['world_size']} GPUs"
+        + _spare(f.event)),
+    EventKind.RESTART: lambda f: (
+        f"workers restarted ({f['reason']}); {f['remaining_restarts']} of {f['max_restarts']} restarts left"),
+    EventKind.CKPT_REQUEST: lambda f: (
+        f"{f['requester']} asked for a {f['reason']} checkpoint" + (" and exit" if f.event.get("exit") is True else "")
+        + f.part(", risk {:.2f}", "risk", number=True) + f" [{f['request_id']}]"),
+    EventKind.CKPT_REQUEST_JOINED: lambda f: (
+        f"{f['requester']} joined checkpoint request {f['request_id']} ({f['reason']})"),
+    EventKind.CKPT_SAVED: lambda f: (
+        f"checkpoint saved: iteration {f['iteration']}" + f.part(" in {:.1f} s", "seconds", number=True)
+        + f" → {f['path']}"),
+    EventKind.CKPT_FILTERED: lambda f: (
+        f"skipped request {f['request_id']}: no checkpoint at iteration {f['iteration']} ({f['why']})"),
+    EventKind.WATCHDOG: lambda f: (
+        f"watchdog {f['check']} tripped on {f['target']}" + f.part(": {}", "message")),
+    EventKind.HANG: lambda f: (
+        f"rank {f['rank']} hung in section {f['section']} for {f['seconds']} s (timeout {f['timeout']} s) "
+        f"after iteration {f['iteration']}" + f.part("; stacks by {}", "stacks")),
+    EventKind.STRAGGLER: lambda f: (
+        f"rank {f['rank']} on {f['node']} (GPU {f['gpu']}) is a straggler: "
+        f"step {f.num('step_time', '.3f')} s vs the job's median {f.num('job_median', '.3f')} s "
+        f"(relative {f.num('relative')}, individual {f.num('individual')})"),
+    EventKind.JOB_FINISHED: lambda f: "job finished",
+    EventKind.JOB_FAILED: lambda f: f"job failed (workers {f['state']})" + f.part(", stopped by {}", "stopped_by"),
+    EventKind.NOTIFY_SUPPRESSED: lambda f: _suppressed_counts(f.event),
+}
+
+
+def describe(event: dict) -> str:
+    """One line for a person, for any event; a kind without a line of its own lists its fields."""
+    kind = event.get("kind")
+    line = _LINES.get(kind) if isinstance(kind, str) else None
+    if line is not None:
+        return line(_Fields(event))
+    fields = ", ".join(f"{k}={v}" for k, v in event.items() if k not in ENVELOPE)
+    name = kind.replace("_", " ") if isinstance(kind, str) else f"event of kind {kind}"
+    return name + (f": {fields}" if fields else "")
