@@ -12,12 +12,14 @@ import re
 import threading
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.launcher.api as launcher_api
+from packaging.requirements import Requirement
 from torch.distributed.elastic.agent.server.api import WorkerSpec
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -33,6 +35,9 @@ from torch.distributed.launcher.api import LaunchConfig, launch_agent
 
 from elasticft import torch_seam
 from elasticft.torch_seam import TorchSeamError
+
+ROOT = Path(__file__).resolve().parent.parent
+
 
 class MemoryBackend(RendezvousBackend):
     """Rendezvous state in memory, lost nodes aged as EtcdRendezvousBackend ages them."""
@@ -68,6 +73,17 @@ def local_agent(tmp_path) -> LocalElasticAgent:
     spec = WorkerSpec(role="trainer", local_world_size=1, rdzv_handler=dynamic_handler(),
                       entrypoint="true", max_restarts=3)
     return LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path / "logs")))
+
+
+# -- the version the seam was checked against ----------------------------------------
+
+
+def test_the_torch_pin_and_the_seam_name_the_installed_torch():
+    installed = torch.__version__.split("+")[0]
+    assert installed.startswith(torch_seam.CHECKED_TORCH + "."), "review elasticft/torch_seam.py for this torch"
+    pin, = [Requirement(line) for line in re.findall(r'^\s*"(torch\b[^"]*)",', (ROOT / "pyproject.toml").read_text(), re.M)]
+    assert pin.specifier.contains(torch.__version__, prereleases=True)
+    assert not pin.specifier.contains("2.14.0") and not pin.specifier.contains("2.12.0")
 
 
 # -- the agent --------------------------------------------------------------------------
