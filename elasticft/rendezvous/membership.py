@@ -28,8 +28,8 @@ class NodeRecord:
     """The value of ``nodes/<node_id>``.
 
     ``rdzv_addr`` and ``pid`` are how torch's dynamic rendezvous names this agent
-    (its ``_NodeDesc`` is ``addr_pid_localid``), so a lost lease can be matched to
-    the rendezvous participant it belonged to.
+    (``addr_pid_localid``), so a lost lease can be matched to the rendezvous
+    participant it belonged to (``torch_seam.aged_rendezvous_state``).
     """
 
     node_id: str
