@@ -13,7 +13,6 @@ variable behaves identically. The launch itself is torchrun's too
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -22,12 +21,10 @@ import signal
 import sys
 import uuid
 
-import torch.distributed.launcher.api as launcher_api
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousError
-from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
 from torch.distributed.run import get_args_parser, parse_min_max_nnodes
 from torch.distributed.run import run as torchrun_run
 
@@ -51,6 +48,7 @@ from elasticft.agent.inject import parse_faults
 from elasticft.planner.layout import NoLegalLayout
 from elasticft.rendezvous.backend import EtcdRendezvousOptions, RendezvousConfigError, close_watches
 from elasticft.store import EmbeddedEtcd, EtcdNotFound, RunKeys, StoreError
+from elasticft.torch_seam import agent_class_swapped, parse_rendezvous_config
 
 log = logging.getLogger("elasticft")
 
@@ -91,7 +89,7 @@ def _check_torchrun_args(args) -> dict[str, str]:
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts: expected >= 0, got {args.max_restarts}")
     try:
-        return _parse_rendezvous_config(args.rdzv_conf)
+        return parse_rendezvous_config(args.rdzv_conf)
     except ValueError:
         raise UsageError(f"--rdzv-conf: expected KEY=VALUE[,KEY=VALUE...], got {args.rdzv_conf!r}") from None
 
@@ -108,21 +106,6 @@ def _etcd_target(args, rdzv_conf: dict[str, str]) -> tuple[EtcdTarget, float | N
     )
     options = EtcdRendezvousOptions.from_params(params)
     return EtcdTarget(options.store, RunKeys(args.rdzv_id, options.key_prefix)), options.lease_ttl
-
-
-@contextlib.contextmanager
-def _agent_factory(factory):
-    """Have torch's launch_agent build our agent.
-
-    Reusing torch's launch path keeps metrics, events, error files and exit codes
-    identical to torchrun's; the agent class is the one name it looks up.
-    """
-    original = launcher_api.LocalElasticAgent
-    launcher_api.LocalElasticAgent = factory
-    try:
-        yield
-    finally:
-        launcher_api.LocalElasticAgent = original
 
 
 def _setup_logging(level: str) -> None:
@@ -157,7 +140,7 @@ def run(args, options: AgentOptions) -> None:
             os.environ["EFT_ENDPOINT"] = args.rdzv_endpoint
 
         factory = functools.partial(FTElasticAgent, options=dataclasses.replace(options, etcd=target))
-        with _agent_factory(factory):
+        with agent_class_swapped(factory):
             torchrun_run(args)
     finally:
         close_watches()
