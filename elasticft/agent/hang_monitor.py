@@ -5,7 +5,6 @@ that torch restarts like any other (charged to ``--max-restarts``).
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
@@ -18,6 +17,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from elasticft.agent.auto_timeouts import SectionTimeouts
 from elasticft.config import HangConfig
 from elasticft.agent.hangs import FAULTHANDLER_GRACE, Overrun, dump_stacks, find_overruns
+from elasticft.torch_seam import write_error_file
 from elasticft.worker.progress import progress_dir, read_progress
 
 log = logging.getLogger(__name__)
@@ -73,13 +73,9 @@ class HangMonitor:
         return RunResult(state=WorkerState.FAILED, failures=failures)
 
     def _error_file(self, overrun: Overrun) -> str:
-        """torch's error-file format, so that its failure report names the hang."""
-        path = self.run_dir / f"hang-{overrun.local_rank}.json"
-        path.write_text(json.dumps({"message": {
-            "message": f"HangDetected: {overrun.describe()}",
-            "extraInfo": {"py_callstack": "see the stacks in the log", "timestamp": str(int(time.time()))},
-        }}))
-        return str(path)
+        """An error file that torch's failure report (printed when restarts run out) shows."""
+        return write_error_file(self.run_dir / f"hang-{overrun.local_rank}.json",
+                                f"HangDetected: {overrun.describe()}; its stacks are in the agent's log")
 
     def close(self) -> None:
         self.timeouts.persist()
