@@ -13,7 +13,6 @@ variable behaves identically. The launch itself is torchrun's too
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -22,7 +21,6 @@ import signal
 import sys
 import uuid
 
-import torch.distributed.launcher.api as launcher_api
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.elastic.rendezvous import RendezvousParameters
@@ -30,7 +28,6 @@ from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousError,
 )
-from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
 from torch.distributed.run import get_args_parser, parse_min_max_nnodes
 from torch.distributed.run import run as torchrun_run
 
@@ -48,6 +45,7 @@ from elasticft.rendezvous.backend import (
 )
 from elasticft.settings import Settings
 from elasticft.store import EmbeddedEtcd, EtcdNotFound, StoreError
+from elasticft.torch_seam import agent_class_swapped, parse_rendezvous_config
 
 log = logging.getLogger("elasticft")
 
@@ -80,7 +78,7 @@ def _check_torchrun_args(args) -> dict[str, str]:
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts: expected >= 0, got {args.max_restarts}")
     try:
-        return _parse_rendezvous_config(args.rdzv_conf)
+        return parse_rendezvous_config(args.rdzv_conf)
     except ValueError:
         raise UsageError(f"--rdzv-conf: expected KEY=VALUE[,KEY=VALUE...], got {args.rdzv_conf!r}") from None
 
@@ -97,21 +95,6 @@ def _etcd_target(args, rdzv_conf: dict[str, str]) -> tuple[EtcdTarget, float | N
     )
     options = EtcdRendezvousOptions.from_params(params)
     return EtcdTarget(options.store, RunKeys(args.rdzv_id, options.key_prefix)), options.lease_ttl
-
-
-@contextlib.contextmanager
-def _agent_factory(factory):
-    """Have torch's launch_agent build our agent.
-
-    Reusing torch's launch path keeps metrics, events, error files and exit codes
-    identical to torchrun's; the agent class is the one name it looks up.
-    """
-    original = launcher_api.LocalElasticAgent
-    launcher_api.LocalElasticAgent = factory
-    try:
-        yield
-    finally:
-        launcher_api.LocalElasticAgent = original
 
 
 def _setup_logging(level: str) -> None:
@@ -146,7 +129,7 @@ def run(args, settings: Settings) -> None:
             os.environ["EFT_ENDPOINT"] = args.rdzv_endpoint
 
         factory = functools.partial(FTElasticAgent, settings=settings, etcd=target)
-        with _agent_factory(factory):
+        with agent_class_swapped(factory):
             torchrun_run(args)
     finally:
         close_watches()

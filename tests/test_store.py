@@ -1,14 +1,17 @@
 """The etcd layer against a real etcd: CAS, leases, watches, the c10d store."""
 
+import pickle
 import threading
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
 
 import pytest
 import torch.distributed as dist
 
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord
+from elasticft.rendezvous.backend import EtcdRendezvousBackend
 from elasticft.rendezvous.membership import Membership, NodeLease
 from elasticft.store import EmbeddedEtcd, StoreOptions, StoreUnavailable, connect
 from elasticft.store.c10d_store import EtcdStore
@@ -66,6 +69,28 @@ def test_membership_tells_a_lost_node_from_one_that_left(etcd):
         assert not membership.lost.is_set()
     finally:
         membership.close()
+
+
+def test_rendezvous_backend_shows_torch_lost_nodes_long_silent(etcd):
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        _NodeDesc,
+        _RendezvousState,
+    )
+
+    lost, alive = _NodeDesc("addr-a", 11, 0), _NodeDesc("addr-b", 22, 0)
+    now = datetime.now(timezone.utc)
+    state = _RendezvousState()
+    state.last_heartbeats = {lost: now, alive: now}
+    keys = RunKeys(uuid.uuid4().hex, "/test")
+    membership = SimpleNamespace(lost_rdzv_identities=lambda: {("addr-a", 11)})
+    backend = EtcdRendezvousBackend(etcd, keys, membership)
+    assert backend.get_state() is None
+    _, _, swapped = backend.set_state(pickle.dumps(state))
+    assert swapped
+    shown = pickle.loads(backend.get_state()[0])
+    assert shown.last_heartbeats[lost] < now - timedelta(hours=1) and shown.last_heartbeats[alive] == now
+    # Only what torch is shown is aged: the stored state keeps the real heartbeat.
+    assert pickle.loads(etcd.get(keys.rdzv_state).value).last_heartbeats[lost] == now
 
 
 def test_c10d_store_blocking_get_wakes_on_set(etcd):

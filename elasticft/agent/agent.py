@@ -112,7 +112,7 @@ class FTElasticAgent(LocalElasticAgent):
             self._finish(clean, stopped_by)
 
     def _start(self) -> None:
-        spec = self._worker_group.spec
+        spec = self.get_worker_group().spec
         if self._etcd is not None:
             self._ctx = AgentContext.join(
                 self._etcd, self._settings.ft.node_id, spec.local_addr or socket.getfqdn(),
@@ -125,7 +125,7 @@ class FTElasticAgent(LocalElasticAgent):
         if self._settings.ft.inject:
             os.environ[WorkerEnv.INJECT] = self._settings.ft.inject
         if ctx is not None:
-            probe = WorkerProbe(spec.local_world_size, lambda: torch_seam.worker_process_context(self),
+            probe = WorkerProbe(spec.local_world_size, lambda: torch_seam.worker_processes(self),
                                 self._world_size)
             self._services.start(ctx, self._settings, self._ckpt, probe)
         timeouts = SectionTimeouts.for_worker(self._settings.hang, spec.args,
@@ -148,7 +148,7 @@ class FTElasticAgent(LocalElasticAgent):
 
     def _world_size(self) -> int | None:
         """The number of ranks in the current round (None between rounds or on a spare node)."""
-        workers = self._worker_group.workers
+        workers = self.get_worker_group().workers
         return workers[0].world_size if workers else None
 
     def _record_job_end(self, clean: bool, stopped_by: str | None) -> None:
@@ -160,13 +160,13 @@ class FTElasticAgent(LocalElasticAgent):
         if self._ctx is None or self._excluded:
             return
         if clean:
-            if self._worker_group.group_rank in (0, None):
+            if self.get_worker_group().group_rank in (0, None):
                 self._ctx.record(EventKind.JOB_FINISHED)
         else:
-            self._ctx.record(EventKind.JOB_FAILED, state=self._worker_group.state.name, stopped_by=stopped_by)
+            self._ctx.record(EventKind.JOB_FAILED, state=self.get_worker_group().state.name, stopped_by=stopped_by)
 
     def _signal_workers(self, signum: int) -> None:
-        for pid in torch_seam.worker_pids(self):
+        for pid in torch_seam.worker_pids(self).values():
             try:
                 os.kill(pid, signum)
             except ProcessLookupError:
@@ -233,7 +233,7 @@ class FTElasticAgent(LocalElasticAgent):
             os.environ.update(self._planner.worker_env())
         if not worker_group.workers:
             # A spare node: nothing to run until the next membership change.
-            torch_seam.clear_worker_process_context(self)
+            torch_seam.forget_worker_processes(self)
             return {}
         return super()._start_workers(worker_group)
 
@@ -272,8 +272,7 @@ class FTElasticAgent(LocalElasticAgent):
         if worker_group.workers:
             result = super()._monitor_workers(worker_group)
         else:  # a spare node idles, and finishes when the working nodes reach torch's exit barrier
-            finished = torch_seam.exit_barrier_reached(self)
-            result = RunResult(state=WorkerState.SUCCEEDED if finished else WorkerState.HEALTHY)
+            result = RunResult(state=WorkerState.SUCCEEDED if self._working_nodes_finished() else WorkerState.HEALTHY)
         seen = self._observe(result.state, worker_group)
         decision = decide(seen)
         if decision.verdict is Verdict.REPORT:
@@ -286,6 +285,14 @@ class FTElasticAgent(LocalElasticAgent):
         self._restart_workers(worker_group)
         return RunResult(state=WorkerState.HEALTHY)
 
+    def _working_nodes_finished(self) -> bool:
+        """A spare node's view of the job: have the working nodes reached torch's exit barrier?"""
+        try:
+            return torch_seam.exit_barrier_reached(torch_seam.rendezvous_store(self))
+        except Exception as exc:  # noqa: BLE001 - a store in trouble is the working nodes' problem
+            log.debug("spare node cannot read the exit barrier: %s", exc)
+            return False
+
     def _observe(self, state: WorkerState, worker_group: WorkerGroup) -> Observation:
         """What ``decide`` needs, read from etcd's mirror, the heartbeats and the checkpoint relay."""
         membership = self._ctx.membership if self._ctx is not None else None
@@ -296,7 +303,7 @@ class FTElasticAgent(LocalElasticAgent):
         lost = tuple(membership.take_losses()) if membership is not None and membership.lost.is_set() else None
         overruns = ()
         if lost is None and worker_group.workers and state is WorkerState.HEALTHY:
-            overruns = tuple(self._hangs.check(set(torch_seam.worker_pids(self))))
+            overruns = tuple(self._hangs.check(set(torch_seam.worker_pids(self).values())))
         return Observation(state, lost=lost, overruns=overruns)
 
     def _explain_failure(self, worker_group: WorkerGroup) -> tuple[NodeRecord, ...] | None:

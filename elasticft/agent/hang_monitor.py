@@ -5,7 +5,6 @@ that torch restarts like any other (charged to ``--max-restarts``).
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import threading
@@ -31,6 +30,7 @@ from elasticft.agent.hangs import (
 from elasticft.config import HangConfig
 from elasticft.contract.events import EventKind
 from elasticft.contract.progress import progress_dir, read_progress
+from elasticft.torch_seam import write_error_file
 
 log = logging.getLogger(__name__)
 
@@ -103,13 +103,9 @@ class HangMonitor:
         self._dumps = []
 
     def _error_file(self, overrun: Overrun) -> str:
-        """torch's error-file format, so that its failure report names the hang."""
-        path = self.run_dir / f"hang-{overrun.local_rank}.json"
-        path.write_text(json.dumps({"message": {
-            "message": f"HangDetected: {overrun.describe()}",
-            "extraInfo": {"py_callstack": "see the stacks in the log", "timestamp": str(int(time.time()))},
-        }}))
-        return str(path)
+        """An error file that torch's failure report (printed when restarts run out) shows."""
+        return write_error_file(self.run_dir / f"hang-{overrun.local_rank}.json",
+                                f"HangDetected: {overrun.describe()}; its stacks are in the agent's log")
 
     def close(self) -> None:
         self.wait_for_stacks()

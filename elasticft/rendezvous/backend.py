@@ -11,8 +11,9 @@ heartbeats, its TCPStore sharing) and supplies the two pieces it asks for:
 One thing is added. torch notices a dead node only when its heartbeat is older than
 ``keep_alive_interval * keep_alive_max_attempt`` (15 s by default). eft agents also
 hold a lease per node; when a lease vanishes without a clean exit, the backend ages
-that node's heartbeat in the state it returns, so torch's own sanitizer drops it at
-the next sync. Nodes with no lease record (plain torchrun) keep torch's behaviour.
+that node's heartbeat in the state it returns (``torch_seam.aged_rendezvous_state``),
+so torch's own sanitizer drops it at the next sync. Nodes with no lease record
+(plain torchrun) keep torch's behaviour.
 
 Registered as ``etcd-v3`` through the ``torchrun.handlers`` entry point
 (``elasticft.rendezvous.plugin``), so
@@ -21,8 +22,6 @@ Registered as ``etcd-v3`` through the ``torchrun.handlers`` entry point
 
 from __future__ import annotations
 
-import logging
-import pickle
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -43,8 +42,8 @@ from elasticft.contract.keys import BACKEND_NAME, RunKeys
 from elasticft.rendezvous.membership import Membership
 from elasticft.store import EtcdClient, StoreOptions, StoreUnavailable, connect
 from elasticft.store.c10d_store import EtcdStore
+from elasticft.torch_seam import aged_rendezvous_state, stop_heartbeats
 
-log = logging.getLogger(__name__)
 
 
 # Faster than torch's 30 s: a survivor set that meets --nnodes' minimum should
@@ -161,22 +160,7 @@ class EtcdRendezvousBackend(RendezvousBackend):
         """Make nodes whose lease vanished look long silent to torch's sanitizer."""
         if self._membership is None:
             return state_bits
-        lost = self._membership.lost_rdzv_identities()
-        if not lost:
-            return state_bits
-        try:
-            state = pickle.loads(state_bits)
-            heartbeats = state.last_heartbeats
-            aged = False
-            for node, last in list(heartbeats.items()):
-                if (node.addr, node.pid) in lost:
-                    heartbeats[node] = last - timedelta(days=1)
-                    aged = True
-            return pickle.dumps(state) if aged else state_bits
-        except (pickle.UnpicklingError, AttributeError, TypeError) as exc:
-            # A torch whose state we do not understand: keep its own 15 s detection.
-            log.warning("cannot read the rendezvous state to drop lost nodes: %s", exc)
-            return state_bits
+        return aged_rendezvous_state(state_bits, self._membership.lost_rdzv_identities())
 
 
 def _connect_until(options: EtcdRendezvousOptions) -> EtcdClient:
@@ -229,9 +213,7 @@ def leave_without_closing(handler: RendezvousHandler) -> None:
     would fail as closed). So this handler's shutdown becomes "stop the heartbeats";
     the node's revoked lease makes the others' backends drop it from the round at once.
     """
-    stop_heartbeats = getattr(handler, "_stop_heartbeats", None)
-    if stop_heartbeats is not None:
-        stop_heartbeats()
+    stop_heartbeats(handler)
 
     def shutdown() -> bool:
         return True

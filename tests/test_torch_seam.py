@@ -1,0 +1,246 @@
+"""The private torch names eft relies on (elasticft/torch_seam.py), against the installed torch.
+
+A torch upgrade that renames or reshapes one of them fails here, in the fast suite,
+instead of silently bringing back the bug its workaround exists for. Where it can,
+each test checks behaviour through torch's own code (its exit barrier, its launch path,
+its rendezvous sanitizer, its error-file reader) rather than only the name.
+"""
+
+import inspect
+import pickle
+import re
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.launcher.api as launcher_api
+from packaging.requirements import Requirement
+from torch.distributed.elastic.agent.server.api import WorkerSpec
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing.errors import (
+    ChildFailedError,
+    ProcessFailure,
+)
+from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousBackend,
+    _NodeDesc,
+    _RendezvousState,
+)
+from torch.distributed.launcher.api import LaunchConfig, launch_agent
+
+from elasticft import torch_seam
+from elasticft.torch_seam import TorchSeamError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class MemoryBackend(RendezvousBackend):
+    """Rendezvous state in memory, lost nodes aged as EtcdRendezvousBackend ages them."""
+
+    def __init__(self, state: _RendezvousState | None = None, lost=(), name: str = "memory"):
+        self._name = name
+        self.bits = pickle.dumps(state) if state is not None else None
+        self.token = 0
+        self.lost = set(lost)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def get_state(self):
+        if self.bits is None:
+            return None
+        return torch_seam.aged_rendezvous_state(self.bits, self.lost), self.token
+
+    def set_state(self, state, token=None):
+        swapped = token == self.token or (token is None and self.bits is None)
+        if swapped:
+            self.bits, self.token = state, self.token + 1
+        return torch_seam.aged_rendezvous_state(self.bits, self.lost), self.token, swapped
+
+
+def dynamic_handler(backend: RendezvousBackend | None = None) -> DynamicRendezvousHandler:
+    return DynamicRendezvousHandler.from_backend(
+        run_id="seam", store=dist.HashStore(), backend=backend or MemoryBackend(), min_nodes=1, max_nodes=2)
+
+
+def local_agent(tmp_path) -> LocalElasticAgent:
+    spec = WorkerSpec(role="trainer", local_world_size=1, rdzv_handler=dynamic_handler(),
+                      entrypoint="true", max_restarts=3)
+    return LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path / "logs")))
+
+
+# -- the version the seam was checked against ----------------------------------------
+
+
+def test_the_torch_pin_and_the_seam_name_the_installed_torch():
+    installed = torch.__version__.split("+")[0]
+    assert installed.startswith(torch_seam.CHECKED_TORCH + "."), "review elasticft/torch_seam.py for this torch"
+    pin, = [Requirement(line) for line in re.findall(r'^\s*"(torch\b[^"]*)",', (ROOT / "pyproject.toml").read_text(), re.M)]
+    assert pin.specifier.contains(torch.__version__, prereleases=True)
+    assert not pin.specifier.contains("2.14.0") and not pin.specifier.contains("2.12.0")
+
+
+# -- the agent --------------------------------------------------------------------------
+
+
+def test_agent_steps_eft_overrides_take_the_parameters_the_seam_expects():
+    from elasticft.agent.agent import FTElasticAgent
+
+    for step, parameters in torch_seam.AGENT_STEPS.items():
+        assert tuple(inspect.signature(getattr(LocalElasticAgent, step)).parameters)[1:] == parameters
+    overridden = {name for name, value in vars(FTElasticAgent).items()
+                  if name.startswith("_") and not name.startswith("__") and callable(value)
+                  and hasattr(LocalElasticAgent, name)}
+    # An override of a torch step the seam does not check would break silently on an upgrade.
+    assert overridden <= set(torch_seam.AGENT_STEPS), overridden - set(torch_seam.AGENT_STEPS)
+    for step in overridden:
+        assert tuple(inspect.signature(vars(FTElasticAgent)[step]).parameters)[1:] == torch_seam.AGENT_STEPS[step]
+
+
+def test_agent_attributes_read_through_the_seam(tmp_path):
+    agent = local_agent(tmp_path)
+    assert torch_seam.worker_processes(agent) is None and torch_seam.worker_pids(agent) == {}
+    assert torch_seam.remaining_restarts(agent) == 3
+    assert torch_seam.rendezvous_store(agent) is None  # set by the first rendezvous
+    assert agent.get_worker_group().spec.role == "trainer"  # public: no seam needed for the group
+    agent._pcontext = SimpleNamespace(pids=lambda: {0: 4242})
+    assert torch_seam.worker_pids(agent) == {0: 4242}
+    torch_seam.forget_worker_processes(agent)
+    assert torch_seam.worker_processes(agent) is None
+
+
+def test_exit_barrier_key_is_the_one_torchs_exit_barrier_writes(tmp_path):
+    agent = local_agent(tmp_path)
+    store = dist.HashStore()
+    agent._store, agent._exit_barrier_timeout = store, 5
+    agent.get_worker_group().group_world_size = 1
+    assert not torch_seam.exit_barrier_reached(store)
+    agent._exit_barrier()  # torch's own: what a finished working node does
+    assert torch_seam.exit_barrier_reached(store)
+
+
+class Built(Exception):
+    def __init__(self, kwargs):
+        super().__init__("built")
+        self.kwargs = kwargs
+
+
+def _seam_test_handler(params):
+    return dynamic_handler(MemoryBackend(name=params.backend))
+
+
+def test_agent_class_swapped_makes_torchs_launch_agent_build_ours(tmp_path, monkeypatch):
+    rendezvous_handler_registry.register("eft-seam-test", _seam_test_handler)
+    monkeypatch.setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM")  # launch_agent sets it; restored after
+
+    def factory(**kwargs):
+        raise Built(kwargs)
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1, run_id="seam", rdzv_backend="eft-seam-test",
+                          logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path / "logs")))
+    with torch_seam.agent_class_swapped(factory), pytest.raises(Built) as built:
+        launch_agent(config, "true", ["--flag"])
+    assert built.value.kwargs["spec"].args == ("--flag",)
+    assert launcher_api.LocalElasticAgent is LocalElasticAgent
+
+
+# -- the dynamic rendezvous -----------------------------------------------------------
+
+
+def test_node_descriptor_and_state_have_the_fields_eft_reads():
+    node = _NodeDesc("host-a", 11, 0)
+    assert (node.addr, node.pid, node.local_id) == ("host-a", 11, 0)
+    assert repr(node) == "host-a_11_0"  # the addr_pid_localid identity membership.py matches
+    assert _RendezvousState().last_heartbeats == {}
+
+
+def state_with(*nodes: _NodeDesc, waiting: bool = False) -> _RendezvousState:
+    state = _RendezvousState()
+    now = datetime.now(timezone.utc)
+    for node in nodes:
+        state.last_heartbeats[node] = now
+        if waiting:
+            state.wait_list.add(node)
+    return state
+
+
+def test_aged_rendezvous_state_ages_only_the_lost_nodes():
+    lost, alive = _NodeDesc("host-a", 11, 0), _NodeDesc("host-b", 22, 0)
+    state = state_with(lost, alive)
+    bits = pickle.dumps(state)
+    aged = pickle.loads(torch_seam.aged_rendezvous_state(bits, {("host-a", 11)}))
+    assert aged.last_heartbeats[lost] == state.last_heartbeats[lost] - torch_seam.HEARTBEAT_AGE
+    assert aged.last_heartbeats[alive] == state.last_heartbeats[alive]
+    # Nothing to age: the very same bytes, so that nothing looks changed.
+    assert torch_seam.aged_rendezvous_state(bits, set()) is bits
+    assert torch_seam.aged_rendezvous_state(bits, {("host-a", 12)}) is bits
+
+
+def test_aged_rendezvous_state_refuses_a_state_it_does_not_know():
+    with pytest.raises(TorchSeamError, match="not a _RendezvousState"):
+        torch_seam.aged_rendezvous_state(pickle.dumps({"last_heartbeats": {}}), {("host-a", 11)})
+
+
+def test_torch_drops_an_aged_node_at_its_next_sync():
+    lost, alive = _NodeDesc("host-a", 11, 0), _NodeDesc("host-b", 22, 0)
+    state = state_with(lost, alive, waiting=True)
+    assert dynamic_handler(MemoryBackend(state)).num_nodes_waiting() == 2
+    assert dynamic_handler(MemoryBackend(state, lost={("host-a", 11)})).num_nodes_waiting() == 1
+
+
+def test_forget_bootstrap_store_clears_torchs_cached_master_address():
+    handler = dynamic_handler()
+    handler._bootstrap_store_info = object()  # what torch caches after the first round
+    torch_seam.forget_bootstrap_store(handler)
+    assert handler._bootstrap_store_info is None
+
+
+def test_stop_heartbeats_stops_the_keep_alive_thread_and_leaves_the_rendezvous_open():
+    backend = MemoryBackend()
+    handler = dynamic_handler(backend)
+    before = set(threading.enumerate())
+    handler._start_heartbeats()  # what torch does once this node has joined a round
+    timers = [t for t in set(threading.enumerate()) - before if t.name.startswith("RendezvousKeepAliveTimer")]
+    assert len(timers) == 1
+    torch_seam.stop_heartbeats(handler)
+    assert not timers[0].is_alive()
+    assert backend.bits is None  # nothing written: not closed
+
+
+def test_a_missing_private_name_fails_loudly_and_names_it():
+    with pytest.raises(TorchSeamError, match=r"^torch \S+: object has no attribute '_stop_heartbeats'; "):
+        torch_seam.stop_heartbeats(object())
+    moved = SimpleNamespace()
+    with pytest.raises(TorchSeamError, match="_bootstrap_store_info"):
+        torch_seam.forget_bootstrap_store(moved)
+    assert not hasattr(moved, "_bootstrap_store_info")  # not set either
+
+
+def test_parse_rendezvous_config_is_torchruns():
+    assert torch_seam.parse_rendezvous_config(" a=1, b = x=y ") == {"a": "1", "b": "x=y"}
+    assert torch_seam.parse_rendezvous_config("") == {}
+    for malformed in ("a", "=1", "a=1,,b=2"):
+        with pytest.raises(ValueError):
+            torch_seam.parse_rendezvous_config(malformed)
+
+
+# -- error files ---------------------------------------------------------------------
+
+
+def test_error_file_reads_back_through_torchs_process_failure(tmp_path):
+    message = "HangDetected: rank 3 has been in section 'step' for 9.0 s"
+    path = torch_seam.write_error_file(tmp_path / "hang-3.json", message)
+    failure = ProcessFailure(local_rank=3, pid=4242, exitcode=1, error_file=path)
+    assert failure.error_file == path and failure.message["message"] == message
+    assert abs(failure.timestamp - time.time()) < 60
+    report = ChildFailedError("train.py", {3: failure}).format_msg()
+    assert re.search(r"error_file: .*hang-3\.json", report) and message in report
