@@ -25,6 +25,11 @@ from elasticft.knobs import (  # noqa: F401 - re-exported: the config API in one
 )
 
 
+# A lease shorter than this expires on a busy host whose keep-alive is a little late:
+# the node would be taken for lost while it is fine. --rdzv-conf lease_ttl obeys it too.
+MIN_LEASE_TTL = 1.0
+
+
 @dataclass
 class FTConfig:
     """What the eft node agent adds to torchrun's agent."""
@@ -49,8 +54,8 @@ class FTConfig:
     def __post_init__(self) -> None:
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"{flag_name('log_level')}: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
-        if not self.lease_ttl >= 1:
-            raise ConfigError(f"{flag_name('lease_ttl')}: expected seconds >= 1, got {self.lease_ttl}")
+        if not self.lease_ttl >= MIN_LEASE_TTL:
+            raise ConfigError(f"{flag_name('lease_ttl')}: expected seconds >= {MIN_LEASE_TTL:g}, got {self.lease_ttl}")
 
     @property
     def attribution_window(self) -> float:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from elasticft.contract.keys import RunKeys
 from elasticft.store import free_port
 from tests.launch import WORKERS, Launched, eft_run, torchrun, wait_for
 
@@ -111,6 +113,9 @@ def test_unreachable_endpoint_fails_with_one_line(tmp_path):
         (["--rdzv-conf", "join_timeout"], "--rdzv-conf"),
         (["--rdzv-conf", "lease_tll=3"], "lease_tll"),
         (["--rdzv-conf", "lease_ttl=soon"], "lease_ttl"),
+        # A lease too short for --eft-lease-ttl is too short for --rdzv-conf as well.
+        (["--rdzv-conf", "lease_ttl=0.2"], "lease_ttl must be >= 1"),
+        (["--eft-lease-ttl", "0.2"], "--eft-lease-ttl"),
         (["--eft-inject", "gpu_melt:1@3"], "--eft-inject"),
         (["--eft-straggler-action", "kick"], "--eft-straggler-action"),
         (["--eft-straggler-relative", "1.5"], "--eft-straggler-relative"),
@@ -172,3 +177,37 @@ def test_every_eft_flag_is_documented_in_the_readme():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     flags = {opt for action in build_parser()._actions for opt in action.option_strings if opt.startswith("--eft-")}
     assert flags and not {f for f in flags if f"`{f}`" not in readme}
+
+
+@pytest.mark.slow
+def redundant_pids(etcd, keys: RunKeys) -> set[int]:
+    """The pids of the agents on the rendezvous' redundancy list (torch's pickled state)."""
+    found = etcd.get(keys.rdzv_state)
+    return {node.pid for node in pickle.loads(found.value).redundancy_list} if found else set()
+
+
+def test_a_node_turned_away_as_redundant_exits_cleanly_when_the_job_ends(tmp_path, etcd_server, etcd):
+    """torch puts a node that arrives when --nnodes' maximum is reached on its redundancy
+    list; when the job ends, its rendezvous exits gracefully and torch's run returns
+    nothing. The agent must turn that into a clean exit, not an AttributeError."""
+    run_id = uuid.uuid4().hex
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [*eft_run(), "--nnodes", "1:1", "--nproc-per-node", "1", "--rdzv-backend", "etcd-v3",
+           "--rdzv-endpoint", etcd_server.endpoint, "--rdzv-id", run_id, "--monitor-interval", "0.2",
+           str(WORKERS / "allreduce_loop.py"), str(out)]
+    working = Launched(cmd, tmp_path / "working.log")
+    redundant = None
+    try:
+        wait_for(lambda: (out / "starts.jsonl").exists(), 60, "the first node's worker")
+        redundant = Launched(cmd, tmp_path / "redundant.log")
+        wait_for(lambda: redundant.proc.pid in redundant_pids(etcd, RunKeys(run_id)), 60,
+                 "the second node to be turned away")
+        (out / "finish").touch()
+        assert working.wait(60) == 0, working.output()
+        assert redundant.wait(60) == 0, redundant.output()
+        assert "Traceback" not in redundant.output(), redundant.output()
+    finally:
+        working.stop()
+        if redundant is not None:
+            redundant.stop()

@@ -38,13 +38,12 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     create_handler as create_dynamic_handler,
 )
 
+from elasticft.config import MIN_LEASE_TTL
 from elasticft.contract.keys import BACKEND_NAME, RunKeys
 from elasticft.rendezvous.membership import Membership
 from elasticft.store import EtcdClient, StoreOptions, StoreUnavailable, connect
 from elasticft.store.c10d_store import EtcdStore
 from elasticft.torch_seam import aged_rendezvous_state, stop_heartbeats
-
-
 
 # Faster than torch's 30 s: a survivor set that meets --nnodes' minimum should
 # resume training at once; late joiners are admitted at the next round anyway.
@@ -95,7 +94,7 @@ class EtcdRendezvousOptions:
         except ValueError as exc:
             raise RendezvousConfigError(f"--rdzv-endpoint: {exc}") from None
 
-        def number(name: str, default: float | None) -> float | None:
+        def number(name: str, default: float | None, minimum: float = 0.0) -> float | None:
             raw = config.get(name)
             if raw is None:
                 return default
@@ -103,8 +102,9 @@ class EtcdRendezvousOptions:
                 value = float(raw)
             except (TypeError, ValueError):
                 raise RendezvousConfigError(f"--rdzv-conf: {name} expects seconds, got {raw!r}") from None
-            if value <= 0:
-                raise RendezvousConfigError(f"--rdzv-conf: {name} must be > 0, got {raw!r}")
+            if not value > 0 or value < minimum:
+                limit = f">= {minimum:g}" if minimum else "> 0"
+                raise RendezvousConfigError(f"--rdzv-conf: {name} must be {limit}, got {raw!r}")
             return value
 
         for name in TORCH_OPTIONS:
@@ -125,7 +125,8 @@ class EtcdRendezvousOptions:
         return cls(
             store=store,
             key_prefix=config.get("key_prefix", "/eft"),
-            lease_ttl=number("lease_ttl", None),
+            # the same floor as --eft-lease-ttl: one knob, two spellings, one rule
+            lease_ttl=number("lease_ttl", None, MIN_LEASE_TTL),
             join_timeout=number("join_timeout", 600.0),
             store_timeout=number("timeout", 900.0),
         )

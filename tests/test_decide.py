@@ -1,0 +1,58 @@
+"""The agent's monitor decision on its own: what each observation calls for."""
+
+import signal
+
+import pytest
+from torch.distributed.elastic.agent.server.api import WorkerState
+
+from elasticft.agent.decide import REPORT, Observation, RestartReason, Verdict, decide
+from elasticft.agent.hangs import Overrun
+from elasticft.contract.records import NodeRecord
+
+LOST = (NodeRecord("n3", "host3", "host3", 42),)
+HUNG = (Overrun(rank=1, local_rank=1, pid=99, section="step", seconds=9.0, timeout=3.0, iteration=7,
+                dump_signal=None),)
+
+
+def test_healthy_workers_with_nothing_else_seen_keep_torchs_result():
+    assert decide(Observation(WorkerState.HEALTHY)) is REPORT
+
+
+@pytest.mark.parametrize("state", [WorkerState.HEALTHY, WorkerState.FAILED, WorkerState.UNHEALTHY])
+def test_a_lost_node_restarts_at_once_with_sigkill_and_is_not_charged(state):
+    decision = decide(Observation(state, lost=LOST))
+    assert decision.verdict is Verdict.RESTART and decision.reason is RestartReason.MEMBERSHIP
+    assert decision.stop_signal == signal.SIGKILL  # ranks with a dead peer cannot save
+    assert decision.lost == LOST
+
+
+def test_a_failure_while_nodes_wait_to_join_is_a_membership_restart_with_sigterm():
+    decision = decide(Observation(WorkerState.FAILED, lost=()))
+    assert (decision.verdict, decision.reason, decision.stop_signal) == (
+        Verdict.RESTART, RestartReason.MEMBERSHIP, signal.SIGTERM)
+
+
+def test_an_unexplained_failure_is_torchs_to_charge():
+    assert decide(Observation(WorkerState.FAILED)) is REPORT
+
+
+def test_a_hung_rank_is_a_charged_failure_and_gets_sigkill():
+    decision = decide(Observation(WorkerState.HEALTHY, overruns=HUNG))
+    assert (decision.verdict, decision.reason, decision.stop_signal) == (
+        Verdict.HANG, RestartReason.HANG, signal.SIGKILL)
+
+
+def test_a_lost_node_comes_before_a_hang_its_peers_show():
+    decision = decide(Observation(WorkerState.HEALTHY, lost=LOST, overruns=HUNG))
+    assert decision.verdict is Verdict.RESTART and decision.reason is RestartReason.MEMBERSHIP
+
+
+def test_workers_that_exited_after_a_signal_save_are_restarted_not_finished():
+    decision = decide(Observation(WorkerState.SUCCEEDED, signal_save=True))
+    assert (decision.verdict, decision.reason, decision.stop_signal) == (
+        Verdict.RESTART, RestartReason.SIGNAL_SAVE, signal.SIGTERM)
+
+
+def test_success_is_success_even_if_a_node_left_meanwhile():
+    assert decide(Observation(WorkerState.SUCCEEDED, lost=LOST)) is REPORT
+    assert decide(Observation(WorkerState.SUCCEEDED)) is REPORT
