@@ -1,0 +1,110 @@
+"""The package's floors, read from the source: what may import what, and file sizes.
+
+README.md's "Layout" section states these rules; this test keeps them true as the code
+changes (a new import that runs up a floor, or a circle, fails here, not in review).
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("elasticft", "launcher")
+MAX_LINES = 400
+
+# Module prefix -> prefixes it must never import.
+FORBIDDEN = {
+    "elasticft.contract": ("elasticft.",),  # except the few below
+    "elasticft.store": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
+                        "elasticft.health", "elasticft.worker", "launcher"),
+    "elasticft.planner": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.health",
+                          "elasticft.worker", "elasticft.store", "launcher"),
+    "elasticft.health": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
+                         "elasticft.worker", "launcher"),
+    "elasticft.worker": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
+                         "elasticft.health", "elasticft.store", "elasticft.settings", "launcher"),
+    "elasticft.rendezvous": ("elasticft.agent", "elasticft.tui", "launcher"),
+    "elasticft.tui": ("elasticft.agent", "launcher"),
+    "elasticft.torch_seam": ("elasticft.", "launcher"),
+    "elasticft.knobs": ("elasticft.", "launcher"),
+    "elasticft.periodic": ("elasticft.", "launcher"),
+}
+# What the contract may import: itself, the knob machinery (for one-line errors), the version.
+CONTRACT_ALLOWED = ("elasticft.contract", "elasticft.knobs", "elasticft")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def sources() -> dict[str, Path]:
+    return {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+
+
+def imports_of(path: Path, module: str) -> set[str]:
+    """Every module ``path`` imports, at any depth of the file (lazy imports count too)."""
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}  # `from pkg import module`
+    return {name for name in found if name.split(".")[0] in PACKAGES}
+
+
+def graph() -> dict[str, set[str]]:
+    mods = sources()
+    return {m: {i for i in imports_of(p, m) if i in mods and i != m} for m, p in mods.items()}
+
+
+@pytest.mark.parametrize("floor", sorted(FORBIDDEN))
+def test_no_import_runs_up_from_a_floor(floor):
+    bad = []
+    for module, targets in graph().items():
+        if module != floor and not module.startswith(floor + "."):
+            continue
+        for target in targets:
+            if floor == "elasticft.contract":
+                if target != "elasticft" and not target.startswith(("elasticft.contract", "elasticft.knobs")):
+                    bad.append(f"{module} -> {target}")
+            elif any(target == f.rstrip(".") or target.startswith(f if f.endswith(".") else f + ".")
+                     or target == f for f in FORBIDDEN[floor]):
+                bad.append(f"{module} -> {target}")
+    assert not bad, "imports that run up a floor:\n" + "\n".join(sorted(bad))
+
+
+def test_no_import_circles():
+    edges = graph()
+    # A package's __init__ importing its own modules is its face, not a circle.
+    edges = {m: {t for t in ts if not (m.startswith(t + ".") and t in edges)} for m, ts in edges.items()}
+    state: dict[str, int] = {}
+    circles = []
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(edges.get(module, ())):
+            if state.get(target) == 1:
+                circles.append(" -> ".join(trail[trail.index(target):] + [target]))
+            elif target not in state:
+                visit(target, trail + [target])
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [module])
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_no_file_over_the_limit():
+    long = {str(p.relative_to(ROOT)): n for p in sources().values()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"files over {MAX_LINES} lines: {long}"
