@@ -34,7 +34,7 @@ from elasticft.config import (
     from_env,
 )
 from elasticft.contract.argv import flag_value
-from elasticft.contract.records import CheckpointRequest
+from elasticft.contract.records import CheckpointRequest, RequestReason
 from elasticft.contract.run_dir import OutboxKind, WorkerEnv
 from elasticft.worker.gap import gap_filter
 from elasticft.worker.progress import ProgressWriter
@@ -43,11 +43,14 @@ from elasticft.worker.signals import ExitSignals
 
 log = logging.getLogger(__name__)
 
-# Why a save happens. The index is the code in the vote and the MAX keeps the later in
-# this order: weakest first, the reasons that always end the job last. "request" stands
-# for a request reason this version does not know.
-REASONS = ("request", "risk", "watchdog", "manual", "save_switch", "signal", "exit_duration", "kill_switch")
-CODE = {reason: code for code, reason in enumerate(REASONS)}
+# Why a save happens, as the ranks vote on it: a request's reason (RequestReason) or a
+# cause the workers see themselves (a switch file, a signal, the exit duration). The index
+# is the code in the vote, and the MAX keeps the later in this order: weakest first, the
+# reasons that always end the job last. "request" stands for a request reason this
+# version does not know.
+SAVE_REASONS = ("request", RequestReason.RISK.value, RequestReason.WATCHDOG.value, RequestReason.MANUAL.value,
+                "save_switch", RequestReason.SIGNAL.value, "exit_duration", "kill_switch")
+CODE = {reason: code for code, reason in enumerate(SAVE_REASONS)}
 SAVE, EXIT, REASON, HONOURED, FILTERED = range(5)  # slots of the vote
 
 
@@ -297,7 +300,7 @@ class Hook:
         action = Action(
             save=True,
             exit=bool(agreed[EXIT]),
-            reason=REASONS[agreed[REASON]] if agreed[REASON] < len(REASONS) else "request",
+            reason=SAVE_REASONS[agreed[REASON]] if agreed[REASON] < len(SAVE_REASONS) else "request",
             request_id=request_id,
         )
         if self._leader:
