@@ -10,8 +10,8 @@ What it changes, each through one of the agent's steps:
   instead of joining the next round (every restart passes through this step).
 * ``_assign_worker_ranks``: with Megatron's model arguments, ranks from the round's
   plan (``replan.py``); spare ranks get no worker.
-* ``_monitor_workers``: one look at the workers, the membership and the heartbeats,
-  and ``decide`` (``decide.py``) says what it calls for: a lost member restarts the
+* ``_monitor_workers``: one look at the workers, the membership and the heartbeats
+  (``observe.py``), and ``decide`` (``decide.py``) says what it calls for: a lost member restarts the
   workers at once, not charged to ``--max-restarts``; a hung rank is a failure like a
   crashed one. A worker failure is first given ``failure_grace`` seconds to be
   explained by a lost member: when a node dies its peers' collectives fail at once,
@@ -33,7 +33,6 @@ import shutil
 import signal
 import socket
 import tempfile
-import time
 from pathlib import Path
 
 from torch.distributed.elastic.agent.server.api import (
@@ -53,17 +52,17 @@ from elasticft.agent.context import AgentContext, EtcdTarget
 from elasticft.agent.decide import (
     REPORT,
     Decision,
-    Observation,
     RestartReason,
     Verdict,
     decide,
 )
 from elasticft.agent.exclusion import leave_if_straggler
 from elasticft.agent.hang_monitor import HangMonitor
+from elasticft.agent.observe import Observer
 from elasticft.agent.replan import RoundPlanner
 from elasticft.agent.services import AgentServices, WorkerProbe
 from elasticft.contract.events import EventKind
-from elasticft.contract.records import NodeRecord, layout_record
+from elasticft.contract.records import layout_record
 from elasticft.contract.run_dir import WorkerEnv
 from elasticft.knobs import env_name
 from elasticft.settings import Settings
@@ -80,6 +79,7 @@ class FTElasticAgent(LocalElasticAgent):
         self._ctx: AgentContext | None = None  # None off the etcd-v3 backend
         self._services = AgentServices()
         self._hangs: HangMonitor | None = None
+        self._observer: Observer | None = None  # made in run(), with the hang monitor
         self._excluded = False  # this node left the job as a straggler
         self._planner = RoundPlanner.for_worker(spec.args, settings.planner)
         self._ckpt = CheckpointCoordinator(settings.ckpt, self._signal_workers, self._run_dir)
@@ -131,6 +131,9 @@ class FTElasticAgent(LocalElasticAgent):
         timeouts = SectionTimeouts.for_worker(self._settings.hang, spec.args,
                                               ctx.client if ctx else None, ctx.keys if ctx else None)
         self._hangs = HangMonitor(self._settings.hang, timeouts, self._run_dir, ctx.record if ctx else None)
+        self._observer = Observer(ctx.membership if ctx else None, self._hangs, self._ckpt,
+                                  self._settings.ft.attribution_window,
+                                  lambda: set(torch_seam.worker_pids(self).values()))
         self._ckpt.forward_exit_signals()
 
     def _finish(self, clean: bool, stopped_by: str | None) -> None:
@@ -273,7 +276,7 @@ class FTElasticAgent(LocalElasticAgent):
             result = super()._monitor_workers(worker_group)
         else:  # a spare node idles, and finishes when the working nodes reach torch's exit barrier
             result = RunResult(state=WorkerState.SUCCEEDED if self._working_nodes_finished() else WorkerState.HEALTHY)
-        seen = self._observe(result.state, worker_group)
+        seen = self._observer.look(result.state, worker_group)
         decision = decide(seen)
         if decision.verdict is Verdict.REPORT:
             return result
@@ -292,43 +295,6 @@ class FTElasticAgent(LocalElasticAgent):
         except Exception as exc:  # noqa: BLE001 - a store in trouble is the working nodes' problem
             log.debug("spare node cannot read the exit barrier: %s", exc)
             return False
-
-    def _observe(self, state: WorkerState, worker_group: WorkerGroup) -> Observation:
-        """What ``decide`` needs, read from etcd's mirror, the heartbeats and the checkpoint relay."""
-        membership = self._ctx.membership if self._ctx is not None else None
-        if state is WorkerState.SUCCEEDED:
-            return Observation(state, signal_save=self._ckpt.take_signal_save())
-        if state in (WorkerState.UNHEALTHY, WorkerState.FAILED):
-            return Observation(state, lost=self._explain_failure(worker_group))
-        lost = tuple(membership.take_losses()) if membership is not None and membership.lost.is_set() else None
-        overruns = ()
-        if lost is None and worker_group.workers and state is WorkerState.HEALTHY:
-            overruns = tuple(self._hangs.check(set(torch_seam.worker_pids(self).values())))
-        return Observation(state, lost=lost, overruns=overruns)
-
-    def _explain_failure(self, worker_group: WorkerGroup) -> tuple[NodeRecord, ...] | None:
-        """The nodes lost (() for a scale-up) if a membership change explains a failure, else None.
-
-        A lost node is reported by its lease. A worker failure waits up to the
-        attribution window for such a report: peers of a dead node fail at once, its
-        lease expires later. A failure while nodes wait to join is the scale-up that
-        another agent already started (it stopped its workers, ours lost their peers).
-        """
-        membership = self._ctx.membership if self._ctx is not None else None
-        deadline = time.monotonic() + self._settings.ft.attribution_window
-        while True:
-            if membership is not None and membership.lost.is_set():
-                return tuple(membership.take_losses())
-            # torch caches the rendezvous state for a second: ask again until the deadline.
-            if worker_group.spec.rdzv_handler.num_nodes_waiting() > 0:
-                return tuple(membership.take_losses()) if membership is not None else ()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            if membership is not None:
-                membership.lost.wait(min(0.25, remaining))
-            else:
-                time.sleep(min(0.25, remaining))
 
     def _announce(self, decision: Decision) -> None:
         """Log (and record) a restart that torch does not charge."""

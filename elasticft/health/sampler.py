@@ -34,6 +34,8 @@ class HealthSampler(PeriodicTask):
     the source, ``publish`` or ``on_trigger`` are logged and sampling goes on.
     """
 
+    name = "eft-health"
+
     def __init__(
         self,
         source: Source,
@@ -54,8 +56,6 @@ class HealthSampler(PeriodicTask):
         self.latest: dict[tuple[str, int], tuple[GpuSample, RiskScore]] = {}
         self.latest_host: HostSample | None = None
         self._last_error: str | None = None
-
-    name = "eft-health"
 
     def _warn(self, what: str, exc: BaseException) -> None:
         message = f"{what}: {exc}"
