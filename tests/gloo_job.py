@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from bench.launch import wait_for
 from elasticft.worker import CheckpointDir, Hook
 from elasticft.worker.atomic import write_atomically
-from tests.launch import wait_for
 
 # -- the agent's side of the relay ---------------------------------------------------------
 

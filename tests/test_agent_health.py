@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.launch import WORKERS, Launched, eft_run, wait_for
 from elasticft.store import RunKeys
-from tests.launch import WORKERS, Launched, eft_run, wait_for
 
 TRACE = Path(__file__).parent / "data" / "healthy.csv"
 

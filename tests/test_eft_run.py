@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.launch import WORKERS, Launched, eft_run, torchrun, wait_for
 from elasticft.store import free_port
-from tests.launch import WORKERS, Launched, eft_run, torchrun, wait_for
 
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE")
 # Values that differ between any two launches (ids, ports, paths of error files).

@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from tests.launch import WORKERS, Launched, agent_of, eft_run, generation, read_jsonl, wait_for
+from bench.launch import WORKERS, Launched, agent_of, eft_run, generation, read_jsonl, wait_for
 
 LEASE_TTL = 3.0
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.launch import WORKERS, Launched, eft_run, read_jsonl, wait_for
 from elasticft.agent.ckpt_protocol import CheckpointProtocol
 from elasticft.agent.events import EventLog
 from elasticft.store import RunKeys, StoreOptions, connect
-from tests.launch import WORKERS, Launched, eft_run, read_jsonl, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.launch import WORKERS, Launched, eft_run, read_jsonl, wait_for
 from elasticft.agent.auto_timeouts import MIN_LEARNED, TIMEOUTS_FILE, SectionTimeouts, learned_timeouts
 from elasticft.config import ConfigError, HangConfig
 from elasticft.agent.hangs import find_overruns
 from elasticft.planner.megatron_args import flag_value
 from elasticft.store import RunKeys
 from elasticft.worker.progress import ProgressRecord, ProgressWriter, read_progress
-from tests.launch import WORKERS, Launched, eft_run, read_jsonl, wait_for
 
 
 class Clock:

@@ -175,7 +175,7 @@ def _closed_port() -> int:
 def test_eft_run_notifies_a_webhook_and_a_command_and_failing_sinks_do_not_stop_training(webhook_server, tmp_path):
     """A real run: the test's HTTP server and a command get the same events as JSON; a
     webhook nobody answers and a command that fails are logged once and change nothing."""
-    from tests.launch import WORKERS, Launched, eft_run
+    from bench.launch import WORKERS, Launched, eft_run
 
     url, received = webhook_server
     stdin_copy, out, ckpt = tmp_path / "stdin.jsonl", tmp_path / "out", tmp_path / "ckpt"

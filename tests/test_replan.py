@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
+from bench.launch import WORKERS, Launched, agent_of, eft_run, generation, read_jsonl, wait_for
 from elasticft.store import RunKeys
-from tests.launch import WORKERS, Launched, agent_of, eft_run, generation, read_jsonl, wait_for
 
 MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
          "--global-batch-size", "8", "--micro-batch-size", "1"]

@@ -29,8 +29,8 @@ from elasticft.agent.stragglers import (
     steps_record,
     straggler_factor,
 )
+from bench.launch import wait_for
 from elasticft.worker.progress import ProgressWriter, progress_dir
-from tests.launch import wait_for
 from tests.test_health_risk import busy, run
 
 
@@ -426,7 +426,7 @@ ITER_TIME, SLOW_EXTRA = 0.05, 0.3
 
 def toy_nodes(tmp_path, endpoint, run_id, nnodes, nproc, iters, extra=(), names=("node-a", "node-b"), slow_rank=1,
               worker_args=()):
-    from tests.launch import WORKERS, Launched, eft_run
+    from bench.launch import WORKERS, Launched, eft_run
 
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
@@ -477,7 +477,7 @@ def test_eft_run_reports_the_slowed_rank_with_its_scores_and_not_the_fast_ones(t
 
 
 def latest_pid(out, rank):
-    from tests.launch import read_jsonl
+    from bench.launch import read_jsonl
 
     return [r for r in read_jsonl(out / "events.jsonl") if r["event"] == "resume" and r["rank"] == rank][-1]["pid"]
 
@@ -486,7 +486,7 @@ def latest_pid(out, rank):
 @pytest.mark.parametrize("slow_rank", [1, 0])  # 0: the node that leaves hosts the round's store
 def test_eft_run_exclude_leaves_the_straggler_node_out_at_the_next_restart(tmp_path, etcd_server, etcd, slow_rank):
     """2 nodes x 1 rank, one rank slowed; a worker failure restarts the job and the slow node leaves."""
-    from tests.launch import generation
+    from bench.launch import generation
 
     run_id = "strag-x-" + uuid.uuid4().hex[:8]
     # Checkpoints every 5 iterations: the survivor (rank 0 of one) resumes instead of starting

@@ -29,8 +29,8 @@ from elasticft.tui import (
     read_state,
     rows_that_fit,
 )
+from bench.launch import wait_for
 from launcher.cli import app
-from tests.launch import wait_for
 from tests.run_writer import RunWriter, gpu_sample, many_gpus, two_nodes
 from tests.top_screen import ROW, codes_at, gpu_rows, record
 

@@ -390,7 +390,7 @@ def test_thread_starts_and_stops(tmp_path):
 @pytest.mark.slow
 def test_eft_run_memory_watchdog_saves_exits_and_notifies(tmp_path):
     """End to end: a memory limit the host is always above makes the job save, exit 0 and say so."""
-    from tests.launch import WORKERS, Launched, eft_run
+    from bench.launch import WORKERS, Launched, eft_run
 
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     out.mkdir()
@@ -423,7 +423,7 @@ SMALL_DISK = 7 * 2**20  # room for three such checkpoints and a half
 
 
 def _start_toy(tmp_path, launcher, *eft_flags, toy_flags=()):
-    from tests.launch import WORKERS, Launched
+    from bench.launch import WORKERS, Launched
 
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
@@ -434,21 +434,21 @@ def _start_toy(tmp_path, launcher, *eft_flags, toy_flags=()):
 
 
 def _toy_events(tmp_path, event):
-    from tests.launch import read_jsonl
+    from bench.launch import read_jsonl
 
     return [e for e in read_jsonl(tmp_path / "out" / "events.jsonl") if e["event"] == event]
 
 
 def _notified(tmp_path, check):
-    from tests.launch import read_jsonl
+    from bench.launch import read_jsonl
 
     return [e for e in read_jsonl(tmp_path / "notify.jsonl") if e["kind"] == "watchdog" and e["check"] == check]
 
 
 def _connect_to_run(tmp_path, job):
     """(etcd client, keys) of a toy_train run, once both ranks have started."""
+    from bench.launch import wait_for
     from elasticft.store import StoreOptions, connect
-    from tests.launch import wait_for
 
     wait_for(lambda: len(_toy_events(tmp_path, "resume")) == 2 or job.proc.poll() is not None, 120, "both ranks to start")
     assert job.proc.poll() is None, job.output()
@@ -473,14 +473,15 @@ def small_disk(request, tmp_path):
     import shutil
     import subprocess
     import sys
+    from pathlib import Path
 
-    from tests.launch import HERE, eft_run
+    from bench.launch import eft_run
     from tests.small_disk import small_disk as fake_statvfs
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     if request.param == "faked statvfs":
-        yield ckpt, [sys.executable, str(HERE / "small_disk.py"), str(SMALL_DISK), str(ckpt)], fake_statvfs(SMALL_DISK, str(ckpt))
+        yield ckpt, [sys.executable, str(Path(__file__).with_name("small_disk.py")), str(SMALL_DISK), str(ckpt)], fake_statvfs(SMALL_DISK, str(ckpt))
         return
     if shutil.which("mount") is None:
         pytest.skip("no mount command")
@@ -500,7 +501,7 @@ def test_eft_run_disk_watchdog_trips_while_one_more_checkpoint_still_fits(small_
     still fits, so the job can still save and stop cleanly; the save after would fail."""
     import errno
 
-    from tests.launch import wait_for
+    from bench.launch import wait_for
 
     ckpt, launcher, statvfs = small_disk
     job = _start_toy(tmp_path, launcher, "--eft-watch-dirs", str(ckpt), "--eft-watch-keep", "2",
@@ -560,7 +561,7 @@ def _full_gpu_trace(path, gpus=2, full_gpu=1, rounds=5):
 @pytest.mark.slow
 def test_eft_run_gpu_memory_watchdog_saves_and_training_goes_on(tmp_path):
     """Replayed telemetry of a GPU out of memory headroom: a save (reason watchdog, no exit)."""
-    from tests.launch import eft_run, wait_for
+    from bench.launch import eft_run, wait_for
 
     trace = _full_gpu_trace(tmp_path / "full_gpu.csv")
     stop = tmp_path / "stop"
@@ -594,7 +595,7 @@ def test_eft_run_gpu_memory_watchdog_saves_and_training_goes_on(tmp_path):
 @pytest.mark.slow
 def test_eft_run_silence_watchdog_reports_hung_workers(tmp_path):
     """A rank that hangs holds every rank in the next collective: no heartbeat, no log line."""
-    from tests.launch import eft_run, wait_for
+    from bench.launch import eft_run, wait_for
 
     job = _start_toy(tmp_path, eft_run(), "--eft-silence-limit", "3", "--eft-inject", "rank_hung:1@20",
                      "--redirects", "3", "--log-dir", str(tmp_path / "logs"),

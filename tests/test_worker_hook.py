@@ -13,11 +13,11 @@ import time
 
 import pytest
 
+from bench.launch import wait_for
 from elasticft.worker import Hook
 from elasticft.worker.gap import gap_filter
 from elasticft.worker.relay import RequestFile
 from tests.gloo_job import finish, job, run, start, take_outbox, wait_progress, write_request
-from tests.launch import wait_for
 
 
 def saved_iterations(results):
