@@ -1,6 +1,8 @@
+import uuid
+
 import pytest
 
-from elasticft.store import EmbeddedEtcd, StoreOptions, connect
+from elasticft.store import EmbeddedEtcd, RunKeys, StoreOptions, connect
 
 
 @pytest.fixture(scope="session")
@@ -15,3 +17,10 @@ def etcd(etcd_server):
     client = connect(StoreOptions(etcd_server.endpoint))
     yield client
     client.close()
+
+
+@pytest.fixture
+def run_keys():
+    """The etcd keys of this test's own run (a fresh run id)."""
+    return RunKeys(uuid.uuid4().hex)
+
