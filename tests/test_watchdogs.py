@@ -1,14 +1,15 @@
 """Watchdogs: pure decisions, a real checkpoint directory, and a save-and-exit through etcd."""
 
 import json
+from pathlib import Path
 
 import pytest
 
+from bench.launch import read_jsonl, wait_for, worker_events
 from elasticft.agent.ckpt_protocol import CheckpointProtocol
 from elasticft.config import ConfigError, WatchdogConfig
 from elasticft.agent.events import EventLog
 from elasticft.health.sample import GpuSample
-from elasticft.store import RunKeys
 from elasticft.agent.watchdogs import (
     CheckpointUsage,
     Latch,
@@ -159,10 +160,9 @@ def test_enabled_counts_a_check_only_with_its_readings():
                          read_gpus=list, read_activity=lambda: None).enabled
 
 
-def test_gpu_memory_trip_requests_a_save_once_per_crossing(etcd):
-    keys = RunKeys("watchdog-gpu")
-    protocol = CheckpointProtocol(etcd, keys, "n0")
-    events = EventLog(etcd, keys, "n0")
+def test_gpu_memory_trip_requests_a_save_once_per_crossing(etcd, run_keys):
+    protocol = CheckpointProtocol(etcd, run_keys, "n0")
+    events = EventLog(etcd, run_keys, "n0")
     made = []
 
     def request(trip):
@@ -184,7 +184,7 @@ def test_gpu_memory_trip_requests_a_save_once_per_crossing(etcd):
     assert len(made) == 3
     request, created = made[0]
     assert created and (request.reason, request.exit, request.requester) == ("watchdog", False, "n0/gpu_memory/gpu1")
-    logged = [e for e in EventLog(etcd, keys, "x").read() if e["kind"] == "watchdog"]
+    logged = [e for e in EventLog(etcd, run_keys, "x").read() if e["kind"] == "watchdog"]
     assert [(e["check"], e["target"], e["save"], e["save_and_exit"]) for e in logged] == [
         ("gpu_memory", "gpu1", True, False), ("gpu_memory", "gpu0", True, False), ("gpu_memory", "gpu1", True, False)]
 
@@ -352,10 +352,9 @@ def test_disk_watchdog_inodes_and_unreadable_dir(tmp_path):
     assert (trip.check, trip.reading, trip.limit) == ("disk_inodes", 15, 2 * 10)
 
 
-def test_memory_trip_requests_one_save_and_exit(etcd):
-    keys = RunKeys("watchdog-mem")
-    protocol = CheckpointProtocol(etcd, keys, "n0")
-    events = EventLog(etcd, keys, "n0")
+def test_memory_trip_requests_one_save_and_exit(etcd, run_keys):
+    protocol = CheckpointProtocol(etcd, run_keys, "n0")
+    events = EventLog(etcd, run_keys, "n0")
     readings = iter([50.0, 96.0, 97.0, 90.0, 98.0])
     made = []
 
@@ -372,7 +371,7 @@ def test_memory_trip_requests_one_save_and_exit(etcd):
     dogs.check_once()  # cleared
     assert len(dogs.check_once()) == 1  # high again: another event, but the exit was asked once
     assert len(made) == 1
-    log = EventLog(etcd, keys, "x").read()
+    log = EventLog(etcd, run_keys, "x").read()
     assert [e["kind"] for e in log] == ["watchdog", "ckpt_request", "watchdog"]
     watchdog = [e for e in log if e["kind"] == "watchdog"][0]
     assert (watchdog["check"], watchdog["reading"], watchdog["limit"]) == ("cpu_memory", 96.0, 95)
@@ -388,32 +387,26 @@ def test_thread_starts_and_stops(tmp_path):
 
 
 @pytest.mark.slow
-def test_eft_run_memory_watchdog_saves_exits_and_notifies(tmp_path):
+def test_eft_run_memory_watchdog_saves_exits_and_notifies(tmp_path, eft_job):
     """End to end: a memory limit the host is always above makes the job save, exit 0 and say so."""
-    from bench.launch import WORKERS, Launched, eft_run
-
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     out.mkdir()
     sinks = json.dumps([f"file:{tmp_path / 'notify.jsonl'}", f"command:cat >> {tmp_path / 'stdin.jsonl'}"])
-    job = Launched([*eft_run(), "--standalone", "--nproc-per-node", "2", "--eft-mem-threshold", "0.01",
-                    "--eft-watch-interval", "0.5", "--eft-watch-dirs", str(ckpt), "--eft-notify", sinks,
-                    str(WORKERS / "toy_train.py"), str(out), "--ckpt", str(ckpt), "--iters", "100000",
-                    "--save-interval", "0"], tmp_path / "eft-run.log")
-    try:
-        assert job.wait(90) == 0, job.output()
-    finally:
-        job.stop()
-    notified = [json.loads(line) for line in (tmp_path / "notify.jsonl").read_text().splitlines()]
+    job = eft_job("toy_train.py", out, "--ckpt", ckpt, "--iters", "100000", "--save-interval", "0", nproc=2,
+                  eft_flags=["--eft-mem-threshold", "0.01", "--eft-watch-interval", "0.5", "--eft-watch-dirs", ckpt,
+                             "--eft-notify", sinks])
+    assert job.wait(90) == 0, job.output()
+    notified = read_jsonl(tmp_path / "notify.jsonl")
     kinds = [e["kind"] for e in notified]
     assert kinds[0] == "watchdog" and notified[0]["check"] == "cpu_memory"
     saved, = [e for e in notified if e["kind"] == "ckpt_saved"]
     assert saved["exit"] and (ckpt / f"iter_{saved['iteration']:07d}").is_dir()
     # Both ranks saved because of the watchdog, at that iteration, and stopped there.
-    saves, exits = _toy_events(tmp_path, "save"), _toy_events(tmp_path, "exit")
+    saves, exits = worker_events(out, "save"), worker_events(out, "exit")
     assert [(s["reason"], s["iteration"]) for s in saves] == [("watchdog", saved["iteration"])] * 2
     assert sorted(e["rank"] for e in exits) == [0, 1] and {e["iteration"] for e in exits} == {saved["iteration"]}
     assert "job_finished" in kinds
-    assert [json.loads(line) for line in (tmp_path / "stdin.jsonl").read_text().splitlines()] == notified
+    assert read_jsonl(tmp_path / "stdin.jsonl") == notified
 
 
 # -- end to end: eft-run, toy_train, real etcd -----------------------------------------
@@ -422,38 +415,28 @@ CKPT_BYTES = 2**20  # each rank's share: 2 ranks make a checkpoint of about 2 Mi
 SMALL_DISK = 7 * 2**20  # room for three such checkpoints and a half
 
 
-def _start_toy(tmp_path, launcher, *eft_flags, toy_flags=()):
-    from bench.launch import WORKERS, Launched
+@pytest.fixture
+def start_toy(eft_job, tmp_path):
+    """``start_toy(*eft_flags, toy_flags=..., launcher=...)``: toy_train.py on 2 ranks, watched
+    every 0.5 s, notifications in tmp_path/notify.jsonl, worker events in tmp_path/out."""
+    (tmp_path / "out").mkdir()
 
-    out = tmp_path / "out"
-    out.mkdir(exist_ok=True)
-    return Launched([*launcher, "--standalone", "--nproc-per-node", "2", "--eft-watch-interval", "0.5",
-                     "--eft-mem-threshold", "0", "--eft-notify", f"file:{tmp_path / 'notify.jsonl'}", *eft_flags,
-                     str(WORKERS / "toy_train.py"), str(out), "--iters", "100000", *toy_flags],
-                    tmp_path / "eft-run.log")
+    def start(*eft_flags, toy_flags=(), launcher=None):
+        return eft_job("toy_train.py", tmp_path / "out", "--iters", "100000", *toy_flags, nproc=2, launcher=launcher,
+                       eft_flags=["--eft-watch-interval", "0.5", "--eft-mem-threshold", "0",
+                                  "--eft-notify", f"file:{tmp_path / 'notify.jsonl'}", *eft_flags])
 
-
-def _toy_events(tmp_path, event):
-    from bench.launch import read_jsonl
-
-    return [e for e in read_jsonl(tmp_path / "out" / "events.jsonl") if e["event"] == event]
+    return start
 
 
 def _notified(tmp_path, check):
-    from bench.launch import read_jsonl
-
     return [e for e in read_jsonl(tmp_path / "notify.jsonl") if e["kind"] == "watchdog" and e["check"] == check]
 
 
-def _connect_to_run(tmp_path, job):
-    """(etcd client, keys) of a toy_train run, once both ranks have started."""
-    from bench.launch import wait_for
-    from elasticft.store import StoreOptions, connect
-
-    wait_for(lambda: len(_toy_events(tmp_path, "resume")) == 2 or job.proc.poll() is not None, 120, "both ranks to start")
+def _wait_started(out, job):
+    """Until both ranks of a toy_train run have started (failing at once if the job ends)."""
+    wait_for(lambda: len(worker_events(out, "resume")) == 2 or job.proc.poll() is not None, 120, "both ranks to start")
     assert job.proc.poll() is None, job.output()
-    run = json.loads((tmp_path / "out" / "run.json").read_text())
-    return connect(StoreOptions(run["endpoint"])), RunKeys(run["run_id"])
 
 
 def _free_bytes(statvfs, path):
@@ -463,7 +446,7 @@ def _free_bytes(statvfs, path):
 
 @pytest.fixture(params=["tmpfs", "faked statvfs"])
 def small_disk(request, tmp_path):
-    """(checkpoint dir on a 7 MiB disk, the launcher to run, the statvfs that sees that disk).
+    """(checkpoint dir on a 7 MiB disk, the launcher to run (None: eft-run), the statvfs that sees that disk).
 
     A real tmpfs where this machine lets us mount one; otherwise (and always, as the
     second variant) eft-run under tests/small_disk.py, which fakes ``os.statvfs`` in
@@ -473,15 +456,14 @@ def small_disk(request, tmp_path):
     import shutil
     import subprocess
     import sys
-    from pathlib import Path
 
-    from bench.launch import eft_run
     from tests.small_disk import small_disk as fake_statvfs
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     if request.param == "faked statvfs":
-        yield ckpt, [sys.executable, str(Path(__file__).with_name("small_disk.py")), str(SMALL_DISK), str(ckpt)], fake_statvfs(SMALL_DISK, str(ckpt))
+        wrapper = Path(__file__).with_name("small_disk.py")
+        yield ckpt, [sys.executable, str(wrapper), str(SMALL_DISK), str(ckpt)], fake_statvfs(SMALL_DISK, str(ckpt))
         return
     if shutil.which("mount") is None:
         pytest.skip("no mount command")
@@ -490,60 +472,54 @@ def small_disk(request, tmp_path):
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
     try:
-        yield ckpt, eft_run(), os.statvfs
+        yield ckpt, None, os.statvfs
     finally:
         subprocess.run(["umount", "-l", str(ckpt)], capture_output=True, check=False)
 
 
 @pytest.mark.slow
-def test_eft_run_disk_watchdog_trips_while_one_more_checkpoint_still_fits(small_disk, tmp_path):
+def test_eft_run_disk_watchdog_trips_while_one_more_checkpoint_still_fits(small_disk, tmp_path, start_toy, etcd,
+                                                                          run_keys):
     """Checkpoints that pile up on a small disk: the watchdog trips while the next save
     still fits, so the job can still save and stop cleanly; the save after would fail."""
     import errno
 
-    from bench.launch import wait_for
-
+    out = tmp_path / "out"
     ckpt, launcher, statvfs = small_disk
-    job = _start_toy(tmp_path, launcher, "--eft-watch-dirs", str(ckpt), "--eft-watch-keep", "2",
-                     toy_flags=["--ckpt", str(ckpt), "--keep", "100", "--ckpt-bytes", str(CKPT_BYTES)])
-    client = None
-    try:
-        client, keys = _connect_to_run(tmp_path, job)
-        protocol = CheckpointProtocol(client, keys, "test")
+    job = start_toy("--eft-watch-dirs", ckpt, "--eft-watch-keep", "2", launcher=launcher,
+                    toy_flags=["--ckpt", ckpt, "--keep", "100", "--ckpt-bytes", CKPT_BYTES])
+    _wait_started(out, job)
+    protocol = CheckpointProtocol(etcd, run_keys, "test")
 
-        def save(n, exit=False):
-            request, _ = protocol.request("manual", "test", exit=exit)
-            wait_for(lambda: len(_toy_events(tmp_path, "save")) == 2 * n or job.proc.poll() is not None,
-                     60, f"save {n} on both ranks")
-            assert job.proc.poll() is None or exit, job.output()
-            wait_for(lambda: not protocol.is_open(request), 30, f"save {n} to be acknowledged")
+    def save(n, exit=False):
+        request, _ = protocol.request("manual", "test", exit=exit)
+        wait_for(lambda: len(worker_events(out, "save")) == 2 * n or job.proc.poll() is not None,
+                 60, f"save {n} on both ranks")
+        assert job.proc.poll() is None or exit, job.output()
+        wait_for(lambda: not protocol.is_open(request), 30, f"save {n} to be acknowledged")
 
-        save(1)  # about 5 MiB free: room for two more
-        save(2)  # about 3 MiB free: room for one more, not two
-        trip, = wait_for(lambda: _notified(tmp_path, "disk_space"), 30, "the disk watchdog's notification")
-        second = _toy_events(tmp_path, "save")[-1]
-        assert trip["target"] == str(ckpt) and trip["time"] > second["decided"]  # not after the first save
-        one_checkpoint = trip["limit"] / 2  # learned from the newest checkpoint
-        assert one_checkpoint >= 2 * CKPT_BYTES
-        assert one_checkpoint <= trip["reading"] < 2 * one_checkpoint, trip  # tripped while one more still fits
-        assert not _toy_events(tmp_path, "exit") and job.proc.poll() is None  # no save failed: training goes on
+    save(1)  # about 5 MiB free: room for two more
+    save(2)  # about 3 MiB free: room for one more, not two
+    trip, = wait_for(lambda: _notified(tmp_path, "disk_space"), 30, "the disk watchdog's notification")
+    second = worker_events(out, "save")[-1]
+    assert trip["target"] == str(ckpt) and trip["time"] > second["decided"]  # not after the first save
+    one_checkpoint = trip["limit"] / 2  # learned from the newest checkpoint
+    assert one_checkpoint >= 2 * CKPT_BYTES
+    assert one_checkpoint <= trip["reading"] < 2 * one_checkpoint, trip  # tripped while one more still fits
+    assert not worker_events(out, "exit") and job.proc.poll() is None  # no save failed: training goes on
 
-        # The operator's answer to the notification: save and stop. It fits.
-        save(3, exit=True)
-        assert job.wait(60) == 0, job.output()
-        assert len(_toy_events(tmp_path, "exit")) == 2
-        assert sorted(p.name for p in ckpt.glob("iter_*/.complete")) == [".complete"] * 3
-        # And the save after that would not have fitted.
-        assert _free_bytes(statvfs, ckpt) < one_checkpoint
-        if statvfs is __import__("os").statvfs:  # the real small disk: show it
-            with pytest.raises(OSError) as full:
-                (ckpt / "next-checkpoint").write_bytes(bytes(int(one_checkpoint)))
-            assert full.value.errno == errno.ENOSPC
-        assert len(_notified(tmp_path, "disk_space")) == 1
-    finally:
-        job.stop()
-        if client is not None:
-            client.close()
+    # The operator's answer to the notification: save and stop. It fits.
+    save(3, exit=True)
+    assert job.wait(60) == 0, job.output()
+    assert len(worker_events(out, "exit")) == 2
+    assert sorted(p.name for p in ckpt.glob("iter_*/.complete")) == [".complete"] * 3
+    # And the save after that would not have fitted.
+    assert _free_bytes(statvfs, ckpt) < one_checkpoint
+    if statvfs is __import__("os").statvfs:  # the real small disk: show it
+        with pytest.raises(OSError) as full:
+            (ckpt / "next-checkpoint").write_bytes(bytes(int(one_checkpoint)))
+        assert full.value.errno == errno.ENOSPC
+    assert len(_notified(tmp_path, "disk_space")) == 1
 
 
 def _full_gpu_trace(path, gpus=2, full_gpu=1, rounds=5):
@@ -559,60 +535,44 @@ def _full_gpu_trace(path, gpus=2, full_gpu=1, rounds=5):
 
 
 @pytest.mark.slow
-def test_eft_run_gpu_memory_watchdog_saves_and_training_goes_on(tmp_path):
+def test_eft_run_gpu_memory_watchdog_saves_and_training_goes_on(tmp_path, start_toy, etcd, run_keys):
     """Replayed telemetry of a GPU out of memory headroom: a save (reason watchdog, no exit)."""
-    from bench.launch import eft_run, wait_for
-
+    out = tmp_path / "out"
     trace = _full_gpu_trace(tmp_path / "full_gpu.csv")
     stop = tmp_path / "stop"
-    job = _start_toy(tmp_path, eft_run(), "--eft-health-source", f"replay:{trace}", "--eft-health-interval", "0.5",
-                     "--eft-gpu-mem-headroom", "2", "--eft-kill-switch", str(stop),
-                     toy_flags=["--ckpt", str(tmp_path / "ckpt")])
-    client = None
-    try:
-        client, keys = _connect_to_run(tmp_path, job)
-        saves = wait_for(lambda: len(_toy_events(tmp_path, "save")) == 2 and _toy_events(tmp_path, "save"), 60,
-                         "the watchdog's save on both ranks")
-        assert {s["reason"] for s in saves} == {"watchdog"} and len({s["iteration"] for s in saves}) == 1
-        request = CheckpointProtocol(client, keys, "test").current()
-        assert (request.reason, request.exit) == ("watchdog", False)
-        assert request.requester.endswith("/gpu_memory/gpu1") and request.id == saves[0]["request_id"]
-        logged = [e for e in EventLog(client, keys, "test").read() if e["kind"] == "watchdog"]
-        assert [(e["check"], e["target"], e["save"], e["save_and_exit"]) for e in logged] == [
-            ("gpu_memory", "gpu1", True, False)]  # GPU 0 has room; GPU 1 trips once while it stays full
-        assert logged[0]["reading"] < 2 and _notified(tmp_path, "gpu_memory")
+    job = start_toy("--eft-health-source", f"replay:{trace}", "--eft-health-interval", "0.5",
+                    "--eft-gpu-mem-headroom", "2", "--eft-kill-switch", stop, toy_flags=["--ckpt", tmp_path / "ckpt"])
+    _wait_started(out, job)
+    saves = wait_for(lambda: len(worker_events(out, "save")) == 2 and worker_events(out, "save"), 60,
+                     "the watchdog's save on both ranks")
+    assert {s["reason"] for s in saves} == {"watchdog"} and len({s["iteration"] for s in saves}) == 1
+    request = CheckpointProtocol(etcd, run_keys, "test").current()
+    assert (request.reason, request.exit) == ("watchdog", False)
+    assert request.requester.endswith("/gpu_memory/gpu1") and request.id == saves[0]["request_id"]
+    logged = [e for e in EventLog(etcd, run_keys, "test").read() if e["kind"] == "watchdog"]
+    assert [(e["check"], e["target"], e["save"], e["save_and_exit"]) for e in logged] == [
+        ("gpu_memory", "gpu1", True, False)]  # GPU 0 has room; GPU 1 trips once while it stays full
+    assert logged[0]["reading"] < 2 and _notified(tmp_path, "gpu_memory")
 
-        stop.touch()  # training went on after the save: it stops now, later, with a save of its own
-        assert job.wait(60) == 0, job.output()
-        exits = _toy_events(tmp_path, "exit")
-        assert len(exits) == 2 and exits[0]["iteration"] > saves[0]["iteration"]
-    finally:
-        job.stop()
-        if client is not None:
-            client.close()
+    stop.touch()  # training went on after the save: it stops now, later, with a save of its own
+    assert job.wait(60) == 0, job.output()
+    exits = worker_events(out, "exit")
+    assert len(exits) == 2 and exits[0]["iteration"] > saves[0]["iteration"]
 
 
 @pytest.mark.slow
-def test_eft_run_silence_watchdog_reports_hung_workers(tmp_path):
+def test_eft_run_silence_watchdog_reports_hung_workers(tmp_path, start_toy, etcd, run_keys):
     """A rank that hangs holds every rank in the next collective: no heartbeat, no log line."""
-    from bench.launch import eft_run, wait_for
-
-    job = _start_toy(tmp_path, eft_run(), "--eft-silence-limit", "3", "--eft-inject", "rank_hung:1@20",
-                     "--redirects", "3", "--log-dir", str(tmp_path / "logs"),
-                     toy_flags=["--ckpt", str(tmp_path / "ckpt")])
-    client = None
-    try:
-        client, keys = _connect_to_run(tmp_path, job)
-        trip, = wait_for(lambda: _notified(tmp_path, "silence"), 60, "the silence watchdog")
-        assert trip["target"] == "workers" and trip["limit"] == 3 and trip["reading"] > 3
-        # Not at start-up: only after 20 iterations (at least 1 s) and then 3 s of silence.
-        assert trip["time"] >= max(e["time"] for e in _toy_events(tmp_path, "resume")) + 20 * 0.05 + 3
-        assert not trip["save"] and not trip["save_and_exit"]
-        assert CheckpointProtocol(client, keys, "test").current() is None  # a silent job is not asked to save
-        assert job.proc.poll() is None  # the watchdog reports; it does not kill
-        # The worker logs were redirected to files, which the watchdog watched as well.
-        assert len(list((tmp_path / "logs").rglob("stderr.log"))) == 2
-    finally:
-        job.stop()
-        if client is not None:
-            client.close()
+    out = tmp_path / "out"
+    job = start_toy("--eft-silence-limit", "3", "--eft-inject", "rank_hung:1@20", "--redirects", "3",
+                    "--log-dir", tmp_path / "logs", toy_flags=["--ckpt", tmp_path / "ckpt"])
+    _wait_started(out, job)
+    trip, = wait_for(lambda: _notified(tmp_path, "silence"), 60, "the silence watchdog")
+    assert trip["target"] == "workers" and trip["limit"] == 3 and trip["reading"] > 3
+    # Not at start-up: only after 20 iterations (at least 1 s) and then 3 s of silence.
+    assert trip["time"] >= max(e["time"] for e in worker_events(out, "resume")) + 20 * 0.05 + 3
+    assert not trip["save"] and not trip["save_and_exit"]
+    assert CheckpointProtocol(etcd, run_keys, "test").current() is None  # a silent job is not asked to save
+    assert job.proc.poll() is None  # the watchdog reports; it does not kill
+    # The worker logs were redirected to files, which the watchdog watched as well.
+    assert len(list((tmp_path / "logs").rglob("stderr.log"))) == 2
