@@ -106,10 +106,11 @@ def request_latency(ranks: int = 8, trials: int = 3) -> list[float]:
     """Seconds from the etcd put of a request to the last rank's hook saying save."""
     import random
 
+    from launch import WORKERS, Launched, eft_run, wait_for, worker_events
+
     from elasticft.agent.ckpt_protocol import CheckpointProtocol
     from elasticft.contract.keys import RunKeys
     from elasticft.store import StoreOptions, connect
-    from tests.launch import WORKERS, Launched, eft_run, read_jsonl, wait_for
 
     latencies = []
     with tempfile.TemporaryDirectory(prefix="eft-bench-") as tmp:
@@ -119,8 +120,7 @@ def request_latency(ranks: int = 8, trials: int = 3) -> list[float]:
                         str(out), "--ckpt", str(Path(tmp) / "ckpt"), "--iters", "1000000", "--iter-time", "0.02"],
                        Path(tmp) / "eft-run.log")
         try:
-            events = out / "events.jsonl"
-            wait_for(lambda: len([e for e in read_jsonl(events) if e["event"] == "resume"]) == ranks, 300, "the ranks")
+            wait_for(lambda: len(worker_events(out, "resume")) == ranks, 300, "the ranks")
             run = json.loads((out / "run.json").read_text())
             protocol = CheckpointProtocol(connect(StoreOptions(run["endpoint"])), RunKeys(run["run_id"]), "bench")
             for _ in range(trials):
@@ -128,7 +128,7 @@ def request_latency(ranks: int = 8, trials: int = 3) -> list[float]:
                 put = time.time()
                 request, _ = protocol.request("manual", "bench")
                 saves = wait_for(lambda: (lambda s: s if len(s) == ranks else None)(
-                    [e for e in read_jsonl(events) if e["event"] == "save" and e["request_id"] == request.id]),
+                    [e for e in worker_events(out, "save") if e["request_id"] == request.id]),
                     120, "every rank to save")
                 wait_for(lambda: not protocol.is_open(request), 60, "the ack")
                 latencies.append(max(e["decided"] for e in saves) - put)

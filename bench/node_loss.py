@@ -21,25 +21,25 @@ from pathlib import Path
 
 import psutil
 from common import table
-
-from elasticft.store import EmbeddedEtcd, free_port
-from tests.launch import (
+from launch import (
     WORKERS,
     Launched,
     agent_of,
     eft_run,
     generation,
+    rdzv_command,
     torchrun,
     wait_for,
 )
 
+from elasticft.store import EmbeddedEtcd, free_port
+
 
 def trial(launcher: list[str], backend: str, endpoint: str, extra: list[str], work: Path) -> tuple[float, float]:
     starts = work / "starts.jsonl"
-    run_id = uuid.uuid4().hex
-    cmd = [*launcher, "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", backend,
-           "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts", "3", *extra,
-           str(WORKERS / "allreduce_loop.py"), str(work)]
+    cmd = rdzv_command(launcher, str(WORKERS / "allreduce_loop.py"), str(work), nnodes="2:3", nproc=1,
+                       backend=backend, endpoint=endpoint, run_id=uuid.uuid4().hex,
+                       flags=["--max-restarts", "3", *extra])
     nodes = [Launched(cmd, work / f"node{i}.log") for i in range(3)]
     try:
         first = wait_for(lambda: generation(starts, 3), 300, "a world of 3")

@@ -17,19 +17,17 @@ import uuid
 from pathlib import Path
 
 from common import table
+from launch import Launched, eft_run, rdzv_command, torchrun, wait_for
 
 from elasticft.store import EmbeddedEtcd, free_port
-from tests.launch import Launched, eft_run, torchrun, wait_for
 
 WORKER = "import sys, time; open(sys.argv[1], 'a').write(f'{time.time()}\\n')"
 
 
 def launch(n: int, launcher: list[str], backend: str, endpoint: str, work: Path) -> float:
     marks = work / "marks"
-    run_id = uuid.uuid4().hex
-    cmd = [*launcher, "--nnodes", str(n), "--nproc-per-node", "1", "--rdzv-backend", backend,
-           "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--no-python",
-           "python", "-c", WORKER, str(marks)]
+    cmd = rdzv_command(launcher, "python", "-c", WORKER, str(marks), nnodes=str(n), nproc=1, backend=backend,
+                       endpoint=endpoint, run_id=uuid.uuid4().hex, flags=["--no-python"])
     started = time.time()
     nodes = [Launched(cmd, work / f"agent{i}.log") for i in range(n)]
     try:

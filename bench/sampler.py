@@ -1,6 +1,6 @@
 """What the health sampler costs the node agent: CPU time per GPU sample.
 
-NVML is faked at the pynvml call level (tests/fake_pynvml.py: the same function
+NVML is faked at the pynvml call level (bench/fake_pynvml.py: the same function
 names, structs, units and NVMLError classes, some fields NotSupported), so this
 measures eft's own code: the NVML source, the risk model, the JSON record, and with
 ``--etcd`` the client side of publishing to a real embedded etcd.
@@ -19,7 +19,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 from fake_pynvml import FakeNvml  # noqa: E402
 

@@ -1,5 +1,10 @@
+import uuid
+from pathlib import Path
+
 import pytest
 
+from bench.launch import WORKERS, Launched, eft_run, rdzv_command
+from elasticft.contract.keys import RunKeys
 from elasticft.store import EmbeddedEtcd, StoreOptions, connect
 
 
@@ -15,3 +20,45 @@ def etcd(etcd_server):
     client = connect(StoreOptions(etcd_server.endpoint))
     yield client
     client.close()
+
+
+@pytest.fixture
+def run_keys():
+    """The etcd keys of this test's own run (a fresh run id); eft_job's nodes join it by default."""
+    return RunKeys(uuid.uuid4().hex)
+
+
+@pytest.fixture
+def eft_job(request, tmp_path, run_keys):
+    """Start eft-run as one simulated node: ``eft_job(script, *script_args, ...) -> Launched``.
+
+    ``script`` is a worker of tests/workers by name, or a path. By default the node joins
+    this test's run (``run_keys``) on the session's etcd with ``--nnodes 1`` and one
+    worker, so that calls in one test make nodes of one job; pass ``run_id`` for another
+    job. ``standalone=True`` gives the node its own embedded etcd instead. ``launcher``
+    replaces ``eft-run`` (a wrapper that takes its arguments). The log is
+    ``tmp_path/<name>.log`` (``node0``, ``node1``... by default). Every node still
+    running at teardown is killed with its workers.
+    """
+    started: list[Launched] = []
+
+    def start(script: str | Path, *script_args, nodes: str = "1", nproc: int = 1, endpoint: str | None = None,
+              run_id: str | None = None, standalone: bool = False, eft_flags=(), env: dict | None = None,
+              launcher: list[str] | None = None, name: str | None = None) -> Launched:
+        launcher = launcher or eft_run()
+        # How often the agent looks at its workers; pinned, as tests time how soon a failure is seen.
+        flags = ["--monitor-interval", "0.1", *map(str, eft_flags)]
+        program = [str(WORKERS / script), *map(str, script_args)]
+        if standalone:
+            cmd = [*launcher, "--standalone", "--nproc-per-node", str(nproc), *flags, *program]
+        else:
+            endpoint = endpoint or request.getfixturevalue("etcd_server").endpoint
+            cmd = rdzv_command(launcher, *program, nnodes=nodes, nproc=nproc, backend="etcd-v3", endpoint=endpoint,
+                               run_id=run_id or run_keys.run_id, flags=flags)
+        node = Launched(cmd, tmp_path / f"{name or f'node{len(started)}'}.log", env=env)
+        started.append(node)
+        return node
+
+    yield start
+    for node in started:
+        node.stop()

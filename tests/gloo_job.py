@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from bench.launch import wait_for
 from elasticft.contract.run_dir import write_atomically
 from elasticft.worker import CheckpointDir, Hook
-from tests.launch import wait_for
 
 # -- the agent's side of the relay ---------------------------------------------------------
 

@@ -2,14 +2,12 @@
 
 import json
 import threading
-import uuid
 
 import pytest
 
 from elasticft.agent.ckpt_protocol import CheckpointProtocol
 from elasticft.agent.events import EventLog
 from elasticft.agent.relay import CheckpointRelay
-from elasticft.contract.keys import RunKeys
 from elasticft.worker.gap import gap_filter
 
 
@@ -32,13 +30,13 @@ def test_gap_rule(reason, iteration, last, interval, allowed):
         assert str(last) in why and "gap" in why
 
 
-def protocol(etcd, source="agent"):
-    return CheckpointProtocol(etcd, RunKeys(uuid.uuid4().hex, "/test"), source)
+@pytest.fixture
+def protocol(etcd, run_keys):
+    return CheckpointProtocol(etcd, run_keys, "agent")
 
 
-def test_concurrent_requests_collapse_into_one(etcd):
-    keys = RunKeys(uuid.uuid4().hex, "/test")
-    agents = [CheckpointProtocol(etcd, keys, f"node{i}") for i in range(8)]
+def test_concurrent_requests_collapse_into_one(etcd, run_keys):
+    agents = [CheckpointProtocol(etcd, run_keys, f"node{i}") for i in range(8)]
     results = [None] * len(agents)
     start = threading.Barrier(len(agents))
 
@@ -55,43 +53,39 @@ def test_concurrent_requests_collapse_into_one(etcd):
     assert sum(created for _, created in results) == 1
 
 
-def test_acknowledged_request_is_closed_and_latest_moves(etcd):
-    p = protocol(etcd)
-    first, _ = p.request("manual", "me")
-    p.acknowledge(first.id, 40, "/ckpt/iter_0000040", 1.5)
-    second, created = p.request("manual", "me")
+def test_acknowledged_request_is_closed_and_latest_moves(protocol):
+    first, _ = protocol.request("manual", "me")
+    protocol.acknowledge(first.id, 40, "/ckpt/iter_0000040", 1.5)
+    second, created = protocol.request("manual", "me")
     assert created and second.id != first.id
-    report = p.status()
+    report = protocol.status()
     assert report["latest"]["iteration"] == 40
     assert [a["request_id"] for a in report["acks"]] == [first.id]
     assert report["request"]["id"] == second.id
 
 
-def test_manual_request_does_not_join_a_risk_request_and_a_skipped_one_is_closed(etcd):
-    p = protocol(etcd)
-    risk, _ = p.request("risk", "node0/gpu3", risk=1.0)
-    manual, created = p.request("manual", "operator")
+def test_manual_request_does_not_join_a_risk_request_and_a_skipped_one_is_closed(protocol):
+    risk, _ = protocol.request("risk", "node0/gpu3", risk=1.0)
+    manual, created = protocol.request("manual", "operator")
     assert created and manual.id != risk.id  # the gap rule could still skip the risk one
-    p.filtered(risk.id, 10, 8, "inside the gap")
-    assert not p.is_open(risk)
-    again, created = p.request("risk", "node1/gpu0", risk=1.0)
+    protocol.filtered(risk.id, 10, 8, "inside the gap")
+    assert not protocol.is_open(risk)
+    again, created = protocol.request("risk", "node1/gpu0", risk=1.0)
     assert not created and again.id == manual.id  # joins the open manual save
 
 
-def test_stop_is_not_swallowed_by_an_open_save(etcd):
-    p = protocol(etcd)
-    save, _ = p.request("risk", "node0/gpu3", risk=1.0)
-    stop, created = p.request("manual", "operator", exit=True)
+def test_stop_is_not_swallowed_by_an_open_save(protocol):
+    save, _ = protocol.request("risk", "node0/gpu3", risk=1.0)
+    stop, created = protocol.request("manual", "operator", exit=True)
     assert created and stop.exit and stop.id != save.id
-    again, created = p.request("manual", "operator")
+    again, created = protocol.request("manual", "operator")
     assert not created and again.id == stop.id  # a plain save joins the stop
 
 
-def test_relay_hands_requests_to_workers_and_acks_back(etcd, tmp_path):
-    keys = RunKeys(uuid.uuid4().hex, "/test")
-    p = CheckpointProtocol(etcd, keys, "node0")
+def test_relay_hands_requests_to_workers_and_acks_back(etcd, run_keys, tmp_path):
+    p = CheckpointProtocol(etcd, run_keys, "node0")
     delivered = threading.Event()
-    relay = CheckpointRelay(etcd, keys, p, tmp_path, on_request=lambda r: delivered.set()).start()
+    relay = CheckpointRelay(etcd, run_keys, p, tmp_path, on_request=lambda r: delivered.set()).start()
     try:
         request, _ = p.request("manual", "me")
         assert delivered.wait(5)
@@ -106,17 +100,16 @@ def test_relay_hands_requests_to_workers_and_acks_back(etcd, tmp_path):
         relay.drain()
         assert not list((tmp_path / "outbox").iterdir())
         assert p.status()["acks"][0]["request_id"] == request.id
-        kinds = [e["kind"] for e in EventLog(etcd, keys, "test").read()]
+        kinds = [e["kind"] for e in EventLog(etcd, run_keys, "test").read()]
         assert kinds == ["ckpt_request", "ckpt_saved", "ckpt_filtered"]
     finally:
         relay.stop()
 
 
-def test_relay_does_not_replay_a_saved_request_after_restart(etcd, tmp_path):
-    keys = RunKeys(uuid.uuid4().hex, "/test")
-    p = CheckpointProtocol(etcd, keys, "node0")
+def test_relay_does_not_replay_a_saved_request_after_restart(etcd, run_keys, tmp_path):
+    p = CheckpointProtocol(etcd, run_keys, "node0")
     old, _ = p.request("manual", "me")
     p.acknowledge(old.id, 3, "/c", 0.1)
-    relay = CheckpointRelay(etcd, keys, p, tmp_path).start()
+    relay = CheckpointRelay(etcd, run_keys, p, tmp_path).start()
     relay.stop()
     assert not (tmp_path / "request.json").exists()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch import read_jsonl
+from bench.launch import read_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.launch import WORKERS, Launched, eft_run, torchrun, wait_for
 from elasticft.contract.keys import RunKeys
 from elasticft.store import free_port
-from tests.launch import WORKERS, Launched, eft_run, torchrun, wait_for
 
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE")
 # Values that differ between any two launches (ids, ports, paths of error files).
@@ -148,27 +148,23 @@ def etcd_leftovers(tmp: Path) -> tuple[list[str], list[str]]:
 
 
 @pytest.mark.parametrize("how", ["finish", "sigint"])
-def test_embedded_etcd_leaves_nothing_behind(tmp_path, how):
+def test_embedded_etcd_leaves_nothing_behind(tmp_path, how, eft_job):
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     out = tmp_path / "out"
     out.mkdir()
-    node = Launched([*eft_run(), "--standalone", "--nproc-per-node", "1",
-                     str(WORKERS / "allreduce_loop.py"), str(out)], tmp_path / "node.log", env={"TMPDIR": str(tmpdir)})
-    try:
-        wait_for(lambda: (out / "starts.jsonl").exists(), 60, "the worker to start")
-        assert etcd_leftovers(tmpdir)[0], "the embedded etcd should use a data dir under TMPDIR"
-        if how == "sigint":
-            node.proc.send_signal(signal.SIGINT)
-            assert node.wait(60) != 0
-        else:
-            (out / "finish").touch()
-            assert node.wait(60) == 0, node.output()
-        # The launcher's own output (workers' lines carry a [rankN] prefix).
-        assert not [line for line in node.output().splitlines() if line.startswith("Traceback")]
-        assert etcd_leftovers(tmpdir) == ([], [])
-    finally:
-        node.stop()
+    node = eft_job("allreduce_loop.py", out, standalone=True, env={"TMPDIR": str(tmpdir)})
+    wait_for(lambda: (out / "starts.jsonl").exists(), 60, "the worker to start")
+    assert etcd_leftovers(tmpdir)[0], "the embedded etcd should use a data dir under TMPDIR"
+    if how == "sigint":
+        node.proc.send_signal(signal.SIGINT)
+        assert node.wait(60) != 0
+    else:
+        (out / "finish").touch()
+        assert node.wait(60) == 0, node.output()
+    # The launcher's own output (workers' lines carry a [rankN] prefix).
+    assert not [line for line in node.output().splitlines() if line.startswith("Traceback")]
+    assert etcd_leftovers(tmpdir) == ([], [])
 
 
 def test_every_eft_flag_is_documented_in_the_readme():

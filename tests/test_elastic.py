@@ -1,73 +1,53 @@
 """Membership changes on a real etcd: a node lost by kill -9, a node joining."""
 
 import time
-import uuid
 
 import pytest
 
-from tests.launch import (
-    WORKERS,
-    Launched,
-    agent_of,
-    eft_run,
-    generation,
-    read_jsonl,
-    wait_for,
-)
+from bench.launch import agent_of, generation, read_jsonl, wait_for
 
 LEASE_TTL = 3.0
 
 
-def agent(endpoint: str, run_id: str, nnodes: str, out, log, extra=()) -> Launched:
-    cmd = [*eft_run(), "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "etcd-v3",
-           "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--max-restarts", "0",
-           "--eft-lease-ttl", str(LEASE_TTL), *extra, str(WORKERS / "allreduce_loop.py"), str(out)]
-    return Launched(cmd, log)
+def agent(eft_job, nnodes: str, out):
+    """One node of this test's job: one worker of allreduce_loop.py."""
+    return eft_job("allreduce_loop.py", out, nodes=nnodes,
+                   eft_flags=["--max-restarts", "0", "--eft-lease-ttl", LEASE_TTL])
 
 
 @pytest.mark.slow
-def test_killed_node_is_replaced_by_a_smaller_world_within_lease_ttl(tmp_path, etcd_server):
-    run_id = uuid.uuid4().hex
+def test_killed_node_is_replaced_by_a_smaller_world_within_lease_ttl(tmp_path, eft_job):
     starts = tmp_path / "starts.jsonl"
-    nodes = [agent(etcd_server.endpoint, run_id, "2:3", tmp_path, tmp_path / f"node{i}.log") for i in range(3)]
-    try:
-        first = wait_for(lambda: generation(starts, 3), 120, "3 workers in a world of 3")
-        # Kill the rank-0 node: it also hosts the workers' store, the hardest case.
-        victim_pid = next(r["pid"] for r in first if r["group_rank"] == 0)
-        victim = next(n for n in nodes if n.proc.pid == agent_of(victim_pid))
-        killed_at = time.time()
-        victim.kill_node()
-        second = wait_for(lambda: generation(starts, 2, after=killed_at), 60, "the survivors at world size 2")
-        # Running again: the new worker processes exist with the smaller WORLD_SIZE.
-        recovery = max(r["started"] for r in second) - killed_at
-        assert recovery <= LEASE_TTL + 5, f"survivors took {recovery:.1f} s"
-        # --max-restarts 0: a membership change must not count as a restart.
-        assert {r["sum"] for r in second} == {3.0}
-        (tmp_path / "finish").touch()
-        for node in nodes:
-            if node is not victim:
-                assert node.wait(60) == 0, node.output()
-    finally:
-        for node in nodes:
-            node.stop()
-
-
-@pytest.mark.slow
-def test_new_node_is_admitted_at_the_next_round(tmp_path, etcd_server):
-    run_id = uuid.uuid4().hex
-    starts = tmp_path / "starts.jsonl"
-    nodes = [agent(etcd_server.endpoint, run_id, "2:4", tmp_path, tmp_path / f"node{i}.log") for i in range(3)]
-    try:
-        wait_for(lambda: generation(starts, 3), 120, "3 workers in a world of 3")
-        joined_at = time.time()
-        nodes.append(agent(etcd_server.endpoint, run_id, "2:4", tmp_path, tmp_path / "node3.log"))
-        fourth = wait_for(lambda: generation(starts, 4, after=joined_at), 120, "a world of 4")
-        assert {r["sum"] for r in fourth} == {10.0}
-        assert len(read_jsonl(starts)) == 3 + 4
-        (tmp_path / "finish").touch()
-        for node in nodes:
+    nodes = [agent(eft_job, "2:3", tmp_path) for _ in range(3)]
+    first = wait_for(lambda: generation(starts, 3), 120, "3 workers in a world of 3")
+    # Kill the rank-0 node: it also hosts the workers' store, the hardest case.
+    victim_pid = next(r["pid"] for r in first if r["group_rank"] == 0)
+    victim = next(n for n in nodes if n.proc.pid == agent_of(victim_pid))
+    killed_at = time.time()
+    victim.kill_node()
+    second = wait_for(lambda: generation(starts, 2, after=killed_at), 60, "the survivors at world size 2")
+    # Running again: the new worker processes exist with the smaller WORLD_SIZE.
+    recovery = max(r["started"] for r in second) - killed_at
+    assert recovery <= LEASE_TTL + 5, f"survivors took {recovery:.1f} s"
+    # --max-restarts 0: a membership change must not count as a restart.
+    assert {r["sum"] for r in second} == {3.0}
+    (tmp_path / "finish").touch()
+    for node in nodes:
+        if node is not victim:
             assert node.wait(60) == 0, node.output()
-    finally:
-        for node in nodes:
-            node.stop()
+
+
+@pytest.mark.slow
+def test_new_node_is_admitted_at_the_next_round(tmp_path, eft_job):
+    starts = tmp_path / "starts.jsonl"
+    nodes = [agent(eft_job, "2:4", tmp_path) for _ in range(3)]
+    wait_for(lambda: generation(starts, 3), 120, "3 workers in a world of 3")
+    joined_at = time.time()
+    nodes.append(agent(eft_job, "2:4", tmp_path))
+    fourth = wait_for(lambda: generation(starts, 4, after=joined_at), 120, "a world of 4")
+    assert {r["sum"] for r in fourth} == {10.0}
+    assert len(read_jsonl(starts)) == 3 + 4
+    (tmp_path / "finish").touch()
+    for node in nodes:
+        assert node.wait(60) == 0, node.output()
 

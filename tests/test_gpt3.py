@@ -19,9 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from bench.launch import Launched, eft_run, read_jsonl, torchrun, wait_for
 from elasticft.planner.megatron_args import model_facts_from_argv, rewrite_megatron_args
 from elasticft.worker import CheckpointDir
-from tests.launch import Launched, eft_run, read_jsonl, torchrun, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "gpt3"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.launch import read_jsonl, wait_for, worker_events
 from elasticft.agent.auto_timeouts import (
     MIN_LEARNED,
     TIMEOUTS_FILE,
@@ -20,7 +21,6 @@ from elasticft.contract.argv import flag_value
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.progress import ProgressRecord, read_progress
 from elasticft.worker.progress import ProgressWriter
-from tests.launch import WORKERS, Launched, eft_run, read_jsonl, wait_for
 
 
 class Clock:
@@ -141,24 +141,23 @@ def test_flag_value():
     assert flag_value(["--saved", "x"], "--save") is None
 
 
-def test_learned_timeouts_kept_in_etcd_and_the_checkpoint_dir(etcd, tmp_path):
-    keys = RunKeys("learn-1")
+def test_learned_timeouts_kept_in_etcd_and_the_checkpoint_dir(etcd, run_keys, tmp_path):
     config = HangConfig(auto_timeouts=True, timeout_factor=4)
-    first = SectionTimeouts.for_worker(config, ["--save", str(tmp_path)], etcd, keys)
+    first = SectionTimeouts.for_worker(config, ["--save", str(tmp_path)], etcd, run_keys)
     assert first.load() is None and first.current["step"] == 180.0
     assert first.observe({"step": 3.0, "setup": 4.0})
     first.persist()
-    other_node = SectionTimeouts(config, etcd, keys)
+    other_node = SectionTimeouts(config, etcd, run_keys)
     other_node.load()
     assert other_node.observe({"step": 5.0}) and other_node.current["step"] == 20.0
     other_node.persist()  # merges with the first node's record: setup survives
-    assert json.loads(etcd.get(keys.timeouts).value)["longest"] == {"step": 5.0, "setup": 4.0}
+    assert json.loads(etcd.get(run_keys.timeouts).value)["longest"] == {"step": 5.0, "setup": 4.0}
     assert not first.observe({"step": 3.1})  # under 10% growth: not worth a write
     kept = json.loads((tmp_path / TIMEOUTS_FILE).read_text())
     assert kept["longest"] == {"step": 3.0, "setup": 4.0} and kept["timeouts"]["step"] == 12.0
 
     # The next run: a new run id, the same checkpoints.
-    second = SectionTimeouts.for_worker(config, ["--load", str(tmp_path)], etcd, RunKeys("learn-2"))
+    second = SectionTimeouts.for_worker(config, ["--load", str(tmp_path)], etcd, RunKeys(run_keys.run_id + "-next"))
     assert second.load() == str(tmp_path / TIMEOUTS_FILE)
     assert second.current == {"setup": 16.0, "step": 12.0, "checkpointing": 420.0, "other": 300.0}
     fixed = SectionTimeouts.for_worker(HangConfig(), ["--load", str(tmp_path)])
@@ -170,67 +169,60 @@ def test_learned_timeouts_kept_in_etcd_and_the_checkpoint_dir(etcd, tmp_path):
 RANKS = 2
 
 
-def start_job(tmp: Path, *extra: str, iters: int, iter_time: float = 0.05, name: str = "eft-run") -> Launched:
-    (tmp / "out").mkdir(exist_ok=True)
-    cmd = [*eft_run(), "--standalone", "--nproc-per-node", str(RANKS), "--max-restarts", "1", *extra,
-           str(WORKERS / "toy_train.py"), str(tmp / "out"), "--save", str(tmp / "ckpt"),
-           "--iters", str(iters), "--save-interval", "10", "--iter-time", str(iter_time)]
-    return Launched(cmd, tmp / f"{name}.log")
+@pytest.fixture
+def start_job(eft_job, tmp_path):
+    """``start_job(*eft_flags, iters=N)``: toy_train.py on RANKS ranks, output in tmp_path/out."""
+    (tmp_path / "out").mkdir()
+
+    def start(*extra: str, iters: int, iter_time: float = 0.05, run_id: str | None = None):
+        return eft_job("toy_train.py", tmp_path / "out", "--save", tmp_path / "ckpt", "--iters", iters,
+                       "--save-interval", "10", "--iter-time", iter_time,
+                       nproc=RANKS, eft_flags=["--max-restarts", "1", *extra], run_id=run_id)
+
+    return start
 
 
-def worker_events(tmp: Path, kind: str) -> list[dict]:
-    return [e for e in read_jsonl(tmp / "out" / "events.jsonl") if e["event"] == kind]
-
-
-def finished(job: Launched, tmp: Path, iters: int) -> None:
+def finished(job, out: Path, iters: int) -> None:
     assert job.wait(120) == 0, job.output()[-3000:]
-    saves = worker_events(tmp, "save")
+    saves = worker_events(out, "save")
     assert {s["rank"] for s in saves if s["iteration"] == iters} == set(range(RANKS)), "training did not finish"
 
 
 @pytest.mark.slow
-def test_hung_rank_is_dumped_and_the_group_restarts(tmp_path):
+def test_hung_rank_is_dumped_and_the_group_restarts(tmp_path, start_job):
     """A rank sleeping forever inside its step: found within timeout + 2 s, py-spy or
     faulthandler stacks in the log, a charged restart, training resumes to the end."""
-    (tmp_path / "out").mkdir()
-    job = start_job(tmp_path, "--eft-timeouts", "step=3", "--eft-inject", "rank_hung:1@15",
+    job = start_job("--eft-timeouts", "step=3", "--eft-inject", "rank_hung:1@15",
                     "--eft-notify", f"file:{tmp_path / 'notes.jsonl'}", iters=40)
-    try:
-        finished(job, tmp_path, 40)
-    finally:
-        job.stop()
+    finished(job, tmp_path / "out", 40)
     hangs = [e for e in read_jsonl(tmp_path / "notes.jsonl") if e["kind"] == "hang"]
     hung = [h for h in hangs if h["rank"] == 1]
     assert hung and hung[0]["section"] == "step" and hung[0]["iteration"] == 15 and hung[0]["timeout"] == 3
     assert 3 <= hung[0]["seconds"] <= 3 + 2  # rounded to 0.01 s in the event
-    log = job.log_path.read_text()
-    assert "_rank_hung" in log  # its stack, by py-spy ("FaultInjector._rank_hung") or faulthandler
+    assert "_rank_hung" in job.output()  # its stack, by py-spy ("FaultInjector._rank_hung") or faulthandler
     restarts = [e for e in read_jsonl(tmp_path / "notes.jsonl") if e["kind"] == "restart"]
     assert [(r["reason"], r["remaining_restarts"]) for r in restarts] == [("hang", 0)]
-    resumes = worker_events(tmp_path, "resume")
+    resumes = worker_events(tmp_path / "out", "resume")
     assert sorted(r["iteration"] for r in resumes) == [0, 0, 10, 10]  # the second generation resumed
 
 
 @pytest.mark.slow
-def test_stopped_rank_prints_its_stacks_through_faulthandler(tmp_path):
+def test_stopped_rank_prints_its_stacks_through_faulthandler(tmp_path, start_job):
     """SIGSTOP one rank: the faulthandler dumper continues it so that it can print its stacks."""
-    notes = tmp_path / "notes.jsonl"
-    job = start_job(tmp_path, "--eft-timeouts", "step=3", "--eft-stack-dumper", "faulthandler",
+    out, notes = tmp_path / "out", tmp_path / "notes.jsonl"
+    job = start_job("--eft-timeouts", "step=3", "--eft-stack-dumper", "faulthandler",
                     "--eft-stack-signal", "SIGUSR2", "--eft-notify", f"file:{notes}", iters=100000)
-    try:
-        wait_for(lambda: len(worker_events(tmp_path, "resume")) == RANKS, 120, "the ranks to start")
-        wait_for(lambda: worker_events(tmp_path, "save"), 60, "a first save")
-        victim = [r["pid"] for r in worker_events(tmp_path, "resume") if r["rank"] == 1][0]
-        os.kill(victim, signal.SIGSTOP)
-        wait_for(lambda: len(worker_events(tmp_path, "resume")) == 2 * RANKS, 30, "the restarted ranks")
-        hangs = [e for e in read_jsonl(notes) if e["kind"] == "hang"]
-        assert {h["stacks"] for h in hangs} == {"faulthandler"} and 1 in {h["rank"] for h in hangs}
-        assert all(h["seconds"] <= 3 + 2 for h in hangs)
-        # faulthandler's format ("Current thread 0x..." or "Thread 0x...", then File lines)
-        assert re.search(r'File ".*toy_train\.py", line \d+ in <module>', job.output())
-        assert not psutil_alive(victim)
-    finally:
-        job.stop()
+    wait_for(lambda: len(worker_events(out, "resume")) == RANKS, 120, "the ranks to start")
+    wait_for(lambda: worker_events(out, "save"), 60, "a first save")
+    victim = [r["pid"] for r in worker_events(out, "resume") if r["rank"] == 1][0]
+    os.kill(victim, signal.SIGSTOP)
+    wait_for(lambda: len(worker_events(out, "resume")) == 2 * RANKS, 30, "the restarted ranks")
+    hangs = [e for e in read_jsonl(notes) if e["kind"] == "hang"]
+    assert {h["stacks"] for h in hangs} == {"faulthandler"} and 1 in {h["rank"] for h in hangs}
+    assert all(h["seconds"] <= 3 + 2 for h in hangs)
+    # faulthandler's format ("Current thread 0x..." or "Thread 0x...", then File lines)
+    assert re.search(r'File ".*toy_train\.py", line \d+ in <module>', job.output())
+    assert not psutil_alive(victim)
 
 
 def psutil_alive(pid: int) -> bool:
@@ -243,25 +235,19 @@ def psutil_alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_second_run_starts_with_the_timeouts_the_first_learned(tmp_path):
-    first = start_job(tmp_path, "--eft-auto-timeouts", iters=10, iter_time=1.2, name="first")
-    try:
-        finished(first, tmp_path, 10)
-    finally:
-        first.stop()
+def test_second_run_starts_with_the_timeouts_the_first_learned(tmp_path, start_job, run_keys):
+    first = start_job("--eft-auto-timeouts", iters=10, iter_time=1.2)
+    finished(first, tmp_path / "out", 10)
     kept = json.loads((tmp_path / "ckpt" / TIMEOUTS_FILE).read_text())
     learned_step = kept["timeouts"]["step"]
     assert 1.2 * 5 <= learned_step < 2.0 * 5  # longest step ~1.2 s, times the default factor 5
 
-    # The second run is a new job (new etcd, new run id) on the same checkpoints; a rank
-    # hangs: it is caught after the learned step timeout, not the default 180 s.
+    # The second run is a new job (a new run id, so nothing learned in etcd) on the same
+    # checkpoints; a rank hangs: it is caught after the learned step timeout, not the default 180 s.
     notes = tmp_path / "notes.jsonl"
-    second = start_job(tmp_path, "--eft-auto-timeouts", "--eft-inject", "rank_hung:0@14",
-                       "--eft-notify", f"file:{notes}", iters=30, name="second")
-    try:
-        finished(second, tmp_path, 30)
-    finally:
-        second.stop()
-    assert f"section timeouts learned before, from {tmp_path / 'ckpt' / TIMEOUTS_FILE}" in second.log_path.read_text()
+    second = start_job("--eft-auto-timeouts", "--eft-inject", "rank_hung:0@14", "--eft-notify", f"file:{notes}",
+                       iters=30, run_id=run_keys.run_id + "-second")
+    finished(second, tmp_path / "out", 30)
+    assert f"section timeouts learned before, from {tmp_path / 'ckpt' / TIMEOUTS_FILE}" in second.output()
     hangs = [h for h in read_jsonl(notes) if h["kind"] == "hang" and h["rank"] == 0]
     assert hangs and hangs[0]["timeout"] == pytest.approx(learned_step)

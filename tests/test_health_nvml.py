@@ -1,14 +1,14 @@
-"""NvmlSource against a fake NVML at the pynvml call level (tests/fake_pynvml.py)."""
+"""NvmlSource against a fake NVML at the pynvml call level (bench/fake_pynvml.py)."""
 
 import logging
 
 import pynvml
 import pytest
 
+from bench.fake_pynvml import FakeNvml
 from elasticft.config import ConfigError
 from elasticft.health import NvmlSource, NvmlUnavailable, RiskModel, make_source
 from elasticft.health.nvml import visible_gpus
-from tests.fake_pynvml import FakeNvml
 
 
 @pytest.fixture

@@ -4,12 +4,10 @@ import json
 import logging
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-from elasticft.contract.keys import RunKeys
 from elasticft.health import (
     EtcdHealthPublisher,
     HealthSampler,
@@ -19,11 +17,6 @@ from elasticft.health import (
 )
 
 DATA = Path(__file__).parent / "data"
-
-
-@pytest.fixture
-def keys():
-    return RunKeys(f"health-{uuid.uuid4().hex[:8]}")
 
 
 def watch_keys(etcd, prefix, count):
@@ -39,10 +32,10 @@ def watch_keys(etcd, prefix, count):
     return done, cancel
 
 
-def test_records_appear_under_the_lease_and_vanish_with_it(etcd, keys):
+def test_records_appear_under_the_lease_and_vanish_with_it(etcd, run_keys):
     lease = etcd.lease(10)
-    publisher = EtcdHealthPublisher(etcd, keys, "node-a", lease)
-    written, cancel = watch_keys(etcd, keys.health("node-a"), 8)
+    publisher = EtcdHealthPublisher(etcd, run_keys, "node-a", lease)
+    written, cancel = watch_keys(etcd, run_keys.health("node-a"), 8)
     source = ReplaySource(DATA / "healthy.csv", node="node-a")
     sampler = HealthSampler(source, RiskModel(), interval=0.01, publish=publisher).start()
     try:
@@ -50,8 +43,8 @@ def test_records_appear_under_the_lease_and_vanish_with_it(etcd, keys):
     finally:
         sampler.stop()
         cancel()
-    items, _ = etcd.get_prefix(keys.health("node-a"))
-    assert sorted(kv.key for kv in items) == [keys.health("node-a", g) for g in range(8)]
+    items, _ = etcd.get_prefix(run_keys.health("node-a"))
+    assert sorted(kv.key for kv in items) == [run_keys.health("node-a", g) for g in range(8)]
     assert {kv.lease for kv in items} == {lease.id}
     record = json.loads(items[4].value)
     assert (record["node"], record["gpu"]) == ("node-a", 4)
@@ -63,17 +56,17 @@ def test_records_appear_under_the_lease_and_vanish_with_it(etcd, keys):
     latest_sample, latest_score = sampler.latest[("node-a", 4)]
     assert record["timestamp"] == latest_sample.timestamp == latest_score.timestamp
     lease.revoke()
-    assert etcd.get_prefix(keys.health("node-a"))[0] == []
+    assert etcd.get_prefix(run_keys.health("node-a"))[0] == []
 
 
 @pytest.mark.parametrize("name, gpu", [("ecc_fall_off_bus.csv", 6), ("thermal_runaway.csv", 5)])
-def test_trigger_callback_fires_once_on_a_failing_trace(etcd, keys, name, gpu):
+def test_trigger_callback_fires_once_on_a_failing_trace(etcd, run_keys, name, gpu):
     lease = etcd.lease(10)
     fired = []
     source = ReplaySource(DATA / name, node="node-a")
     sampler = HealthSampler(
         source, RiskModel(), interval=0.001,
-        publish=EtcdHealthPublisher(etcd, keys, "node-a", lease), on_trigger=fired.append,
+        publish=EtcdHealthPublisher(etcd, run_keys, "node-a", lease), on_trigger=fired.append,
     )
     sampler.start()
     try:
@@ -82,19 +75,19 @@ def test_trigger_callback_fires_once_on_a_failing_trace(etcd, keys, name, gpu):
         sampler.stop()
     assert [(s.node, s.gpu) for s in fired] == [("node-a", gpu)]
     assert fired[0].triggered and fired[0].score >= 0.95
-    record = json.loads(etcd.get(keys.health("node-a", gpu)).value)
+    record = json.loads(etcd.get(run_keys.health("node-a", gpu)).value)
     assert record["triggered"] is True  # the last record is the failure row
     lease.revoke()
 
 
-def test_etcd_trouble_does_not_stop_sampling_or_the_trigger(etcd, keys, caplog):
+def test_etcd_trouble_does_not_stop_sampling_or_the_trigger(etcd, run_keys, caplog):
     lease = etcd.lease(10)
     lease.revoke()  # every put under it now fails
     fired = threading.Event()
     source = ReplaySource(DATA / "ecc_nvidia_smi.csv", node="node-b")
     sampler = HealthSampler(
         source, RiskModel(), interval=0.001,
-        publish=EtcdHealthPublisher(etcd, keys, "node-b", lease), on_trigger=lambda s: fired.set(),
+        publish=EtcdHealthPublisher(etcd, run_keys, "node-b", lease), on_trigger=lambda s: fired.set(),
     )
     with caplog.at_level(logging.WARNING, logger="elasticft.health"):
         sampler.start()
@@ -104,7 +97,7 @@ def test_etcd_trouble_does_not_stop_sampling_or_the_trigger(etcd, keys, caplog):
             sampler.stop()
     failures = [r for r in caplog.records if "publishing health records failed" in r.getMessage()]
     assert len(failures) == 1  # one line per new problem, not one per sample
-    assert etcd.get_prefix(keys.health("node-b"))[0] == []
+    assert etcd.get_prefix(run_keys.health("node-b"))[0] == []
 
 
 def test_stop_is_prompt_even_with_a_long_interval(tmp_path):

@@ -6,10 +6,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
+from bench.launch import read_jsonl
 from elasticft.agent.events import EventLog
 from elasticft.agent.notify import Notifier, RateLimiter, should_notify, summary_line
 from elasticft.config import ConfigError, NotifyConfig, Sink, parse_sinks
-from elasticft.contract.keys import RunKeys
 
 
 def test_parse_sinks_single_and_json_list():
@@ -114,7 +114,7 @@ def test_all_sinks_deliver(webhook_server, tmp_path):
     assert body["event"] == {**event, "run": "r1"}
     assert body["text"].startswith("[eft r1/n0] lost node(s) n3")
     assert json.loads(stdin_copy.read_text()) == {**event, "run": "r1"}
-    assert [json.loads(line) for line in events_file.read_text().splitlines()] == [{**event, "run": "r1"}]
+    assert read_jsonl(events_file) == [{**event, "run": "r1"}]
 
 
 def test_rate_limit_summarises_in_the_next_and_at_close(tmp_path):
@@ -126,7 +126,7 @@ def test_rate_limit_summarises_in_the_next_and_at_close(tmp_path):
     now[0] = 61.0
     assert [notifier.send({"kind": "watchdog", "source": "n0", "i": i}) for i in (5, 6, 7, 8)] == [True, True, False, False]
     notifier.close()
-    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    lines = read_jsonl(out)
     assert [e.get("i") for e in lines] == [0, 1, 5, 6, None]
     assert lines[2]["suppressed"] == 3 and "suppressed" not in lines[3]
     assert lines[-1]["kind"] == "notify_suppressed" and lines[-1]["counts"] == {"watchdog": 2}
@@ -147,18 +147,17 @@ def test_failures_are_logged_once_and_never_raised(tmp_path, caplog):
     assert len(good.read_text().splitlines()) == 3  # a failing sink does not stop the others
 
 
-def test_event_log_notifies_recorded_events(etcd, tmp_path):
+def test_event_log_notifies_recorded_events(etcd, run_keys, tmp_path):
     out = tmp_path / "n.jsonl"
     notifier = Notifier([Sink("file", str(out))], rate_limit=0)
-    keys = RunKeys("notify-hook")
-    events = EventLog(etcd, keys, "n0", notifier=notifier)
+    events = EventLog(etcd, run_keys, "n0", notifier=notifier)
     events.record("node_joined", host="h")
     events.record("ckpt_request", reason="risk", requester="n0/gpu1", risk=0.97)
     events.record("ckpt_request", reason="manual", requester="cli")
     events.record("job_finished")
     notifier.close()
-    assert [e["kind"] for e in EventLog(etcd, keys, "x").read()] == ["node_joined", "ckpt_request", "ckpt_request", "job_finished"]
-    notified = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [e["kind"] for e in EventLog(etcd, run_keys, "x").read()] == ["node_joined", "ckpt_request", "ckpt_request", "job_finished"]
+    notified = read_jsonl(out)
     assert [(e["kind"], e.get("reason")) for e in notified] == [("ckpt_request", "risk"), ("job_finished", None)]
 
 
@@ -172,27 +171,22 @@ def _closed_port() -> int:
 
 
 @pytest.mark.slow
-def test_eft_run_notifies_a_webhook_and_a_command_and_failing_sinks_do_not_stop_training(webhook_server, tmp_path):
+def test_eft_run_notifies_a_webhook_and_a_command_and_failing_sinks_do_not_stop_training(webhook_server, tmp_path,
+                                                                                              eft_job, run_keys):
     """A real run: the test's HTTP server and a command get the same events as JSON; a
     webhook nobody answers and a command that fails are logged once and change nothing."""
-    from tests.launch import WORKERS, Launched, eft_run
-
     url, received = webhook_server
     stdin_copy, out, ckpt = tmp_path / "stdin.jsonl", tmp_path / "out", tmp_path / "ckpt"
     out.mkdir()
     dead = f"http://127.0.0.1:{_closed_port()}/hook"
     sinks = [f"webhook:{url}/eft", f"command:cat >> {stdin_copy}", f"webhook:{dead}", "command:exit 1"]
-    job = Launched([*eft_run(), "--standalone", "--nproc-per-node", "2", "--eft-node-id", "node-a",
-                    "--eft-notify", json.dumps(sinks), str(WORKERS / "toy_train.py"), str(out), "--ckpt", str(ckpt),
-                    "--iters", "40", "--save-interval", "20"], tmp_path / "eft-run.log")
-    try:
-        assert job.wait(120) == 0, job.output()  # training ran to its end
-    finally:
-        job.stop()
-    run_id = json.loads((out / "run.json").read_text())["run_id"]
+    job = eft_job("toy_train.py", out, "--ckpt", ckpt, "--iters", "40", "--save-interval", "20", nproc=2,
+                  eft_flags=["--eft-node-id", "node-a", "--eft-notify", json.dumps(sinks)])
+    assert job.wait(120) == 0, job.output()  # training ran to its end
+    run_id = run_keys.run_id
     assert sorted(p.parent.name for p in ckpt.glob("iter_*/.complete")) == ["iter_0000020", "iter_0000040"]
 
-    by_command = [json.loads(line) for line in stdin_copy.read_text().splitlines()]
+    by_command = read_jsonl(stdin_copy)
     assert [(e["kind"], e.get("iteration")) for e in by_command] == [
         ("ckpt_saved", 20), ("ckpt_saved", 40), ("job_finished", None), ("node_left", None)]
     for event in by_command:
@@ -206,6 +200,6 @@ def test_eft_run_notifies_a_webhook_and_a_command_and_failing_sinks_do_not_stop_
     assert [body["text"] for _, _, body in received] == [summary_line(e) for e in by_command]
     assert received[0][2]["text"].startswith(f"[eft {run_id}/node-a] checkpoint saved: iteration 20")
     # Each failing sink: one warning for the whole run, not one per event.
-    log = (tmp_path / "eft-run.log").read_text()
+    log = job.output()
     assert log.count(f"notification sink {Sink('webhook', dead)} failed") == 1, log
     assert log.count("notification sink command:exit 1 failed") == 1, log

@@ -2,20 +2,10 @@
 
 import json
 import time
-import uuid
 
 import pytest
 
-from elasticft.contract.keys import RunKeys
-from tests.launch import (
-    WORKERS,
-    Launched,
-    agent_of,
-    eft_run,
-    generation,
-    read_jsonl,
-    wait_for,
-)
+from bench.launch import agent_of, generation, read_jsonl, wait_for
 
 MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
          "--global-batch-size", "8", "--micro-batch-size", "1"]
@@ -31,72 +21,56 @@ def layout_of(record: dict) -> tuple[int, int]:
 
 
 @pytest.mark.slow
-def test_survivor_restarts_with_a_layout_legal_for_two_gpus(tmp_path, etcd_server, etcd):
-    run_id = uuid.uuid4().hex
-    keys = RunKeys(run_id)
+def test_survivor_restarts_with_a_layout_legal_for_two_gpus(tmp_path, etcd, run_keys, eft_job):
     starts = tmp_path / "starts.jsonl"
-    cmd = [*eft_run(), "--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "etcd-v3",
-           "--rdzv-endpoint", etcd_server.endpoint, "--rdzv-id", run_id, "--max-restarts", "0",
-           str(WORKERS / "allreduce_loop.py"), str(tmp_path), *MODEL,
-           "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
-    nodes = [Launched(cmd, tmp_path / f"node{i}.log") for i in range(2)]
-    try:
-        first = wait_for(lambda: generation(starts, 4), 120, "4 workers in a world of 4")
-        # The user's TP is kept (no reshard needed); PP and DP follow the cost model.
-        tp, pp = layout_of(first[0])
-        assert {layout_of(r) for r in first} == {(tp, pp)} and tp == 2
-        dp = 4 // (tp * pp)
-        assert {tuple(r["layout"]) for r in first} == {(str(tp), str(pp), str(dp))}
-        layout = json.loads(etcd.get(keys.layout).value)
-        assert (layout["tp"], layout["pp"], layout["dp"], layout["used"]) == (tp, pp, dp, 4)
+    nodes = [eft_job("allreduce_loop.py", tmp_path, *MODEL, "--tensor-model-parallel-size", "2",
+                     "--pipeline-model-parallel-size", "2", nodes="1:2", nproc=2, eft_flags=["--max-restarts", "0"])
+             for _ in range(2)]
+    first = wait_for(lambda: generation(starts, 4), 120, "4 workers in a world of 4")
+    # The user's TP is kept (no reshard needed); PP and DP follow the cost model.
+    tp, pp = layout_of(first[0])
+    assert {layout_of(r) for r in first} == {(tp, pp)} and tp == 2
+    dp = 4 // (tp * pp)
+    assert {tuple(r["layout"]) for r in first} == {(str(tp), str(pp), str(dp))}
+    layout = json.loads(etcd.get(run_keys.layout).value)
+    assert (layout["tp"], layout["pp"], layout["dp"], layout["used"]) == (tp, pp, dp, 4)
 
-        victim = next(n for n in nodes if n.proc.pid != agent_of(next(r["pid"] for r in first if r["group_rank"] == 0)))
-        killed_at = time.time()
-        victim.kill_node()
-        second = wait_for(lambda: generation(starts, 2, after=killed_at), 60, "the survivor at world size 2")
-        tp, pp = layout_of(second[0])
-        assert {layout_of(r) for r in second} == {(tp, pp)}
-        assert 2 % (tp * pp) == 0 and 4 % tp == 0 and 4 % pp == 0
-        # Keep the previous TP when it is still legal: fewer reshards.
-        assert tp == 2
-        layout = json.loads(etcd.get(keys.layout).value)
-        assert (layout["tp"], layout["pp"], layout["tp"] * layout["pp"] * layout["dp"]) == (tp, pp, 2)
-        assert layout["world_size"] == 2 and layout["spare"] == []
-        (tmp_path / "finish").touch()
-        survivor = next(n for n in nodes if n is not victim)
-        assert survivor.wait(60) == 0, survivor.output()
-    finally:
-        for node in nodes:
-            node.stop()
+    victim = next(n for n in nodes if n.proc.pid != agent_of(next(r["pid"] for r in first if r["group_rank"] == 0)))
+    killed_at = time.time()
+    victim.kill_node()
+    second = wait_for(lambda: generation(starts, 2, after=killed_at), 60, "the survivor at world size 2")
+    tp, pp = layout_of(second[0])
+    assert {layout_of(r) for r in second} == {(tp, pp)}
+    assert 2 % (tp * pp) == 0 and 4 % tp == 0 and 4 % pp == 0
+    # Keep the previous TP when it is still legal: fewer reshards.
+    assert tp == 2
+    layout = json.loads(etcd.get(run_keys.layout).value)
+    assert (layout["tp"], layout["pp"], layout["tp"] * layout["pp"] * layout["dp"]) == (tp, pp, 2)
+    assert layout["world_size"] == 2 and layout["spare"] == []
+    (tmp_path / "finish").touch()
+    survivor = next(n for n in nodes if n is not victim)
+    assert survivor.wait(60) == 0, survivor.output()
 
 
 @pytest.mark.slow
-def test_no_legal_layout_stops_the_agent_with_one_line(tmp_path):
+def test_no_legal_layout_stops_the_agent_with_one_line(tmp_path, eft_job):
     # 3 GPUs for a model whose 4 heads and 4 layers need TP and PP in {1, 2, 4} and
     # a global batch of 8 that 3-way data parallelism cannot split.
-    result = Launched([*eft_run(), "--standalone", "--nproc-per-node", "3", "--eft-min-dp", "3",
-                       str(WORKERS / "allreduce_loop.py"), str(tmp_path), *MODEL], tmp_path / "node.log")
-    try:
-        assert result.wait(120) != 0
-        lines = result.output().strip().splitlines()
-        assert lines[-1].startswith("eft-run: error:") and "layout" in lines[-1], lines[-3:]
-        assert not (tmp_path / "starts.jsonl").exists()
-    finally:
-        result.stop()
+    result = eft_job("allreduce_loop.py", tmp_path, *MODEL, nproc=3, eft_flags=["--eft-min-dp", "3"])
+    assert result.wait(120) != 0
+    lines = result.output().strip().splitlines()
+    assert lines[-1].startswith("eft-run: error:") and "layout" in lines[-1], lines[-3:]
+    assert not (tmp_path / "starts.jsonl").exists()
 
 
 @pytest.mark.slow
-def test_spare_ranks_get_no_worker(tmp_path):
+def test_spare_ranks_get_no_worker(tmp_path, eft_job):
     # 3 GPUs: 4 heads and 4 layers allow TP and PP of 1, 2 or 4, and GBS 8 no DP of 3,
     # so the best layout uses 2 GPUs and local rank 2 sits out.
-    node = Launched([*eft_run(), "--standalone", "--nproc-per-node", "3",
-                     str(WORKERS / "allreduce_loop.py"), str(tmp_path), *MODEL], tmp_path / "node.log")
-    try:
-        starts = wait_for(lambda: generation(tmp_path / "starts.jsonl", 2), 120, "2 workers in a world of 2")
-        assert sorted(r["local_rank"] for r in starts) == [0, 1]
-        assert "spare ranks [2]" in node.output()
-        (tmp_path / "finish").touch()
-        assert node.wait(60) == 0, node.output()
-        assert len(read_jsonl(tmp_path / "starts.jsonl")) == 2
-    finally:
-        node.stop()
+    node = eft_job("allreduce_loop.py", tmp_path, *MODEL, nproc=3)
+    starts = wait_for(lambda: generation(tmp_path / "starts.jsonl", 2), 120, "2 workers in a world of 2")
+    assert sorted(r["local_rank"] for r in starts) == [0, 1]
+    assert "spare ranks [2]" in node.output()
+    (tmp_path / "finish").touch()
+    assert node.wait(60) == 0, node.output()
+    assert len(read_jsonl(tmp_path / "starts.jsonl")) == 2

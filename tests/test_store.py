@@ -54,12 +54,11 @@ def test_revoked_lease_deletes_its_keys_and_watch_sees_it(etcd):
     assert [(e.key, e.deleted) for e in seen] == [(base + "n1", False), (base + "n1", True)]
 
 
-def test_membership_tells_a_lost_node_from_one_that_left(etcd):
-    keys = RunKeys(uuid.uuid4().hex, "/test")
-    membership = Membership(etcd, keys)
+def test_membership_tells_a_lost_node_from_one_that_left(etcd, run_keys):
+    membership = Membership(etcd, run_keys)
     try:
-        lost = NodeLease(etcd, keys, NodeRecord("a", "host-a", "addr-a", 11), ttl=3)
-        left = NodeLease(etcd, keys, NodeRecord("b", "host-b", "addr-b", 22), ttl=3)
+        lost = NodeLease(etcd, run_keys, NodeRecord("a", "host-a", "addr-a", 11), ttl=3)
+        left = NodeLease(etcd, run_keys, NodeRecord("b", "host-b", "addr-b", 22), ttl=3)
         assert membership.lost.wait(0) is False
         left.close(clean=True)
         lost.close(clean=False)

@@ -1,17 +1,12 @@
-"""Straggler detection: the pure scores, the monitor against a real etcd, eft-run end to end."""
+"""Straggler detection: the pure scores, the risk factor, the monitor against a real etcd
+(the agent leaving the job and eft-run end to end: test_stragglers_agent.py)."""
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
-import uuid
 
 import pytest
 
-from elasticft.agent.events import EventLog
-from elasticft.agent.exclusion import leave_if_straggler
 from elasticft.agent.stragglers import (
     MIN_STEPS,
     RankStep,
@@ -27,14 +22,10 @@ from elasticft.agent.stragglers import (
     straggler_factor,
 )
 from elasticft.config import ConfigError, RiskConfig, StragglerConfig
-from elasticft.contract.keys import RunKeys
 from elasticft.contract.progress import progress_dir
-from elasticft.contract.records import NodeRecord
 from elasticft.health import GpuSample, RiskModel
-from elasticft.rendezvous.membership import Membership, NodeLease, running_nodes
 from elasticft.worker.progress import ProgressWriter
 from tests.contexts import agent_context, close_agent_contexts, recorded  # noqa: F401 - a fixture
-from tests.launch import wait_for
 from tests.test_health_risk import busy, run
 
 
@@ -269,11 +260,10 @@ class Node:
             write_heartbeat(self.run_dir, first_rank + local_rank, local_rank, times)
 
 
-def test_monitor_scores_two_nodes_and_reports_once(etcd, tmp_path):
-    keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
+def test_monitor_scores_two_nodes_and_reports_once(etcd, run_keys, tmp_path):
     config = StragglerConfig(straggler_interval=2)
-    a = Node(etcd, keys, tmp_path, "node-a", config, gpu_of=lambda lr: lr + 4, world_size=lambda: 4)
-    b = Node(etcd, keys, tmp_path, "node-b", config)
+    a = Node(etcd, run_keys, tmp_path, "node-a", config, gpu_of=lambda lr: lr + 4, world_size=lambda: 4)
+    b = Node(etcd, run_keys, tmp_path, "node-b", config)
     a.beats(0, [[0.1] * 8, [0.4] * 8])  # rank 1 is four times slower
     b.beats(2, [[0.1] * 8, [0.11] * 8])
     assert a.monitor.check_once() == []  # b has not published: a sees 2 of the job's 4 ranks
@@ -305,9 +295,8 @@ def test_monitor_scores_two_nodes_and_reports_once(etcd, tmp_path):
     assert a.events[1][1]["individual"] == pytest.approx(0.2)
 
 
-def test_monitor_best_survives_a_worker_restart_and_a_job_wide_slowdown_is_individual(etcd, tmp_path):
-    keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
-    node = Node(etcd, keys, tmp_path, "n", StragglerConfig(straggler_interval=2))
+def test_monitor_best_survives_a_worker_restart_and_a_job_wide_slowdown_is_individual(etcd, run_keys, tmp_path):
+    node = Node(etcd, run_keys, tmp_path, "n", StragglerConfig(straggler_interval=2))
     node.beats(0, [[0.1] * 5, [0.1] * 5])
     assert not any(s.straggler for s in node.monitor.check_once())
     # The workers restart (fresh heartbeats, new ranks) and everyone is three times slower.
@@ -319,10 +308,9 @@ def test_monitor_best_survives_a_worker_restart_and_a_job_wide_slowdown_is_indiv
     assert all(s.individual == pytest.approx(1 / 3) for s in scores)
 
 
-def test_monitor_skips_young_dead_and_stale_ranks(etcd, tmp_path):
-    keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
+def test_monitor_skips_young_dead_and_stale_ranks(etcd, run_keys, tmp_path):
     config = StragglerConfig(straggler_interval=2)
-    a = Node(etcd, keys, tmp_path, "a", config)
+    a = Node(etcd, run_keys, tmp_path, "a", config)
     a.beats(0, [[0.1] * 5, [0.1, 0.9]])  # rank 1: two steps, too early to judge
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True,
                           text=True)
@@ -332,7 +320,7 @@ def test_monitor_skips_young_dead_and_stale_ranks(etcd, tmp_path):
     record["pid"] = int(dead.stdout)  # a worker of an earlier round that has exited
     path.write_text(json.dumps(record))
     # Node b's agent is stuck: its last record is older than 2.5 intervals.
-    b = Node(etcd, keys, tmp_path, "b", config, clock=lambda: 0.0)
+    b = Node(etcd, run_keys, tmp_path, "b", config, clock=lambda: 0.0)
     b.beats(3, [[9.0] * 5])
     b.monitor.check_once()
     scores = a.monitor.check_once()
@@ -340,20 +328,18 @@ def test_monitor_skips_young_dead_and_stale_ranks(etcd, tmp_path):
     assert a.events == []
 
 
-def test_steps_vanish_with_the_node_lease(etcd, tmp_path):
-    keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
-    node = Node(etcd, keys, tmp_path, "n", StragglerConfig())
+def test_steps_vanish_with_the_node_lease(etcd, run_keys, tmp_path):
+    node = Node(etcd, run_keys, tmp_path, "n", StragglerConfig())
     node.beats(0, [[0.1] * 4])
     node.monitor.check_once()
-    value = json.loads(etcd.get(keys.steps("n")).value)
+    value = json.loads(etcd.get(run_keys.steps("n")).value)
     assert value["node"] == "n" and [r["step_time"] for r in value["ranks"]] == [0.1]
     node.ctx.lease.revoke()
-    assert etcd.get(keys.steps("n")) is None
+    assert etcd.get(run_keys.steps("n")) is None
 
 
-def test_exclusion_is_wanted_only_with_the_exclude_action(etcd, tmp_path):
-    keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
-    node = Node(etcd, keys, tmp_path, "n", StragglerConfig(straggler_action="exclude"))
+def test_exclusion_is_wanted_only_with_the_exclude_action(etcd, run_keys, tmp_path):
+    node = Node(etcd, run_keys, tmp_path, "n", StragglerConfig(straggler_action="exclude"))
     node.beats(0, [[0.1] * 4, [0.1] * 4, [1.0] * 4])
     assert not node.monitor.wants_exclusion()
     node.monitor.check_once()
@@ -363,57 +349,31 @@ def test_exclusion_is_wanted_only_with_the_exclude_action(etcd, tmp_path):
     assert not node.monitor.wants_exclusion()  # recovered before the restart: it stays
 
 
-def test_an_excluded_node_is_lost_to_the_others_until_their_round_is_formed(etcd):
-    keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
-    leases = {name: NodeLease(etcd, keys, NodeRecord(name, "h", "h", i), ttl=3) for i, name in enumerate("abc")}
-    membership = Membership(etcd, keys)
-    try:
-        assert sorted(running_nodes(etcd, keys)) == ["a", "b", "c"]
-        leases["a"].set_state("excluded")
-        assert sorted(running_nodes(etcd, keys)) == ["b", "c"]  # what a second straggler would count
-        leases["a"].close(clean=False)
-        leases["a"].close(clean=False)  # a second close does nothing
-        wait_for(membership.lost.is_set, 10, "the excluded node's departure")
-        assert ("h", 0) in membership.lost_rdzv_identities()  # the rendezvous drops it at once
-        membership.forget_excluded()
-        assert not membership.lost.is_set() and membership.take_losses() == []
-        leases["b"].close(clean=False)  # a node that dies is still a loss
-        wait_for(membership.lost.is_set, 10, "the lost node")
-        membership.forget_excluded()
-        assert [r.node_id for r in membership.take_losses()] == ["b"]
-    finally:
-        membership.close()
-        for lease in leases.values():
-            lease.close(clean=True)
-
-
-def test_the_straggler_factor_reaches_the_published_health_record(etcd, tmp_path):
+def test_the_straggler_factor_reaches_the_published_health_record(etcd, run_keys, tmp_path):
     """Monitor -> RiskModel.set_straggler -> sampler -> health/<node>/<gpu>, as the agent wires them."""
     from pathlib import Path
 
     from elasticft.health import EtcdHealthPublisher, HealthSampler
     from elasticft.health.sources import ReplaySource
 
-    keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
     source = ReplaySource(Path(__file__).parent / "data" / "healthy.csv", node="node-a")
-    sampler = HealthSampler(source, RiskModel(), publish=EtcdHealthPublisher(etcd, keys, "node-a", None))
-    monitor = StragglerMonitor(StragglerConfig(), agent_context(etcd, keys, "node-a", tmp_path),
+    sampler = HealthSampler(source, RiskModel(), publish=EtcdHealthPublisher(etcd, run_keys, "node-a", None))
+    monitor = StragglerMonitor(StragglerConfig(), agent_context(etcd, run_keys, "node-a", tmp_path),
                                set_risk=sampler.model.set_straggler)
     for local_rank, seconds in enumerate([0.1, 0.1, 0.1, 0.5]):
         write_heartbeat(tmp_path, local_rank, local_rank, [seconds] * 4)
     sampler.sample_once()
     monitor.check_once()
     sampler.sample_once()
-    records = {g: json.loads(etcd.get(keys.health("node-a", g)).value) for g in range(4)}
+    records = {g: json.loads(etcd.get(run_keys.health("node-a", g)).value) for g in range(4)}
     assert [records[g]["factors"]["straggler"] for g in range(3)] == [0.0, 0.0, 0.0]
     assert records[3]["factors"]["straggler"] == pytest.approx((0.7 - 0.2) / 0.7, abs=1e-3)
     assert records[3]["score"] > records[2]["score"]  # it raised the score of GPU 3 only
-    assert json.loads(etcd.get(keys.health("node-a", 5)).value)["factors"]["straggler"] is None
+    assert json.loads(etcd.get(run_keys.health("node-a", 5)).value)["factors"]["straggler"] is None
 
 
-def test_monitor_events_reach_etcd_and_the_thread_stops(etcd, tmp_path):
-    keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
-    ctx = agent_context(etcd, keys, "n", tmp_path)
+def test_monitor_events_reach_etcd_and_the_thread_stops(etcd, run_keys, tmp_path):
+    ctx = agent_context(etcd, run_keys, "n", tmp_path)
     log = ctx.events
     monitor = StragglerMonitor(StragglerConfig(straggler_interval=3600), ctx)
     for local_rank, seconds in enumerate([0.1, 0.1, 0.5]):
@@ -424,154 +384,3 @@ def test_monitor_events_reach_etcd_and_the_thread_stops(etcd, tmp_path):
     monitor.start()
     monitor.stop()  # the stop event wakes the wait: returns at once
     assert not monitor.running
-
-
-# -- eft-run end to end ----------------------------------------------------------------------
-
-ITER_TIME, SLOW_EXTRA = 0.05, 0.3
-
-
-def toy_nodes(tmp_path, endpoint, run_id, nnodes, nproc, iters, extra=(), names=("node-a", "node-b"), slow_rank=1,
-              worker_args=()):
-    from tests.launch import WORKERS, Launched, eft_run
-
-    out = tmp_path / "out"
-    out.mkdir(exist_ok=True)
-    nodes = []
-    for name in names:
-        cmd = [*eft_run(), "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-backend", "etcd-v3",
-               "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--eft-node-id", name,
-               "--eft-health-source", "none", *extra,
-               str(WORKERS / "toy_train.py"), str(out), "--ckpt", str(tmp_path / "ckpt"), "--iters", str(iters),
-               "--iter-time", str(ITER_TIME), "--slow", f"{slow_rank}:{SLOW_EXTRA}", *worker_args]
-        nodes.append(Launched(cmd, tmp_path / f"{name}.log"))
-    return out, nodes
-
-
-def events_of(etcd, run_id, kind=None):
-    events = EventLog(etcd, RunKeys(run_id), "test").read()
-    return [e for e in events if kind is None or e["kind"] == kind]
-
-
-@pytest.mark.slow
-def test_eft_run_reports_the_slowed_rank_with_its_scores_and_not_the_fast_ones(tmp_path, etcd_server, etcd):
-    """Acceptance: rank 1 sleeps 0.3 s more per step; 2 nodes x 2 ranks; checks every 2 s."""
-    run_id = "strag-" + uuid.uuid4().hex[:8]
-    _, nodes = toy_nodes(tmp_path, etcd_server.endpoint, run_id, "2", 2, iters=40,
-                         extra=["--eft-straggler-interval", "2"])
-    try:
-        wait_for(lambda: events_of(etcd, run_id, "straggler"), 90, "a straggler event")
-        for node in nodes:
-            assert node.wait(120) == 0, node.output()
-    finally:
-        for node in nodes:
-            node.stop()
-    stragglers = events_of(etcd, run_id, "straggler")
-    assert [e["rank"] for e in stragglers] == [1], stragglers  # once, and only the slowed rank
-    event = stragglers[0]
-    # Work times: 0.05 s for ranks 0, 2, 3 and 0.35 s for rank 1; the job's median of four
-    # is 0.05 s, so rank 1's relative score is 0.05 / 0.35 = 0.143.
-    expected = ITER_TIME / (ITER_TIME + SLOW_EXTRA)
-    assert event["relative"] == pytest.approx(expected, abs=0.03)  # sleeps overshoot a little on a busy host
-    assert event["relative"] == pytest.approx(event["job_median"] / event["step_time"], rel=1e-3)
-    assert event["step_time"] == pytest.approx(ITER_TIME + SLOW_EXTRA, abs=0.03)
-    assert event["job_median"] == pytest.approx(ITER_TIME, abs=0.01)
-    assert event["individual"] > 0.9  # slow from the start: no slower than its own best
-    assert (event["relative_threshold"], event["individual_threshold"], event["action"]) == (0.7, 0.7, "report")
-    assert event["local_rank"] == 1 and event["gpu"] == 1 and event["node"] == event["source"]
-    print(f"\nstraggler event: {json.dumps(event)}")
-    assert [e["kind"] for e in events_of(etcd, run_id, "node_excluded")] == []
-
-
-def latest_pid(out, rank):
-    from tests.launch import read_jsonl
-
-    return [r for r in read_jsonl(out / "events.jsonl") if r["event"] == "resume" and r["rank"] == rank][-1]["pid"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("slow_rank", [1, 0])  # 0: the node that leaves hosts the round's store
-def test_eft_run_exclude_leaves_the_straggler_node_out_at_the_next_restart(tmp_path, etcd_server, etcd, slow_rank):
-    """2 nodes x 1 rank, one rank slowed; a worker failure restarts the job and the slow node leaves."""
-    from tests.launch import generation
-
-    run_id = "strag-x-" + uuid.uuid4().hex[:8]
-    # Checkpoints every 5 iterations: the survivor (rank 0 of one) resumes instead of starting
-    # over, which matters when it is rank 0 that was slowed, since it stays slow.
-    out, nodes = toy_nodes(tmp_path, etcd_server.endpoint, run_id, "1:2", 1, iters=60,
-                           extra=["--eft-straggler-interval", "1", "--eft-straggler-action", "exclude",
-                                  "--max-restarts", "1"], slow_rank=slow_rank, worker_args=["--save-interval", "5"])
-    try:
-        event = wait_for(lambda: events_of(etcd, run_id, "straggler"), 90, "a straggler event")[0]
-        assert event["rank"] == slow_rank and event["action"] == "exclude"
-        slow = next(n for n in nodes if f"--eft-node-id', '{event['node']}'" in str(n.cmd))
-        fast = next(n for n in nodes if n is not slow)
-        started = time.time()
-        os.kill(latest_pid(out, 1 - slow_rank), signal.SIGKILL)  # any restart will do: a worker dies
-        assert slow.wait(60) == 0, slow.output()
-        assert f"leaves the job: straggler rank(s) [{slow_rank}]" in slow.output()
-        excluded, = events_of(etcd, run_id, "node_excluded")
-        assert (excluded["source"], excluded["ranks"], excluded["remaining_nodes"]) == (event["node"], [slow_rank], 1)
-        wait_for(lambda: generation(out / "events.jsonl", 1, after=started), 60, "the job to go on alone")
-        assert fast.wait(60) == 0, fast.output()
-    finally:
-        for node in nodes:
-            node.stop()
-    kinds = [e["kind"] for e in events_of(etcd, run_id)]
-    assert "job_finished" in kinds and kinds.count("node_excluded") == 1
-    # Its departure, seen while the new round formed, did not restart the survivor again.
-    survivor_log = fast.log_path.read_text(errors="replace")
-    after_exclusion = survivor_log.rpartition("of 2, world size 2")[2]
-    assert after_exclusion.count("rendezvous complete: node rank 0 of 1") == 1, survivor_log
-
-
-class FakeHandler:
-    """What leave_if_straggler uses of torch's rendezvous handler."""
-
-    def __init__(self, min_nodes):
-        self.settings = type("Settings", (), {"min_nodes": min_nodes})()
-        self.heartbeats = True
-
-    def _stop_heartbeats(self):
-        self.heartbeats = False
-
-    def shutdown(self):
-        raise AssertionError("closing the rendezvous would end the job for the others")
-
-
-def straggling_node(etcd, keys, tmp_path):
-    """Node "me" with a straggler among its ranks, as the agent holds it at a restart."""
-    for local_rank, seconds in enumerate([0.1, 0.1, 0.9]):
-        write_heartbeat(tmp_path, local_rank, local_rank, [seconds] * 4)
-    ctx = agent_context(etcd, keys, "me", tmp_path)
-    monitor = StragglerMonitor(StragglerConfig(straggler_action="exclude"), ctx)
-    monitor.check_once()
-    return ctx, monitor
-
-
-@pytest.mark.parametrize("min_nodes", [2, 3])
-def test_a_straggling_node_stays_when_the_others_are_too_few(etcd, tmp_path, min_nodes):
-    keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
-    other = NodeLease(etcd, keys, NodeRecord("other", "h", "h", 2), ttl=3)
-    ctx, monitor = straggling_node(etcd, keys, tmp_path)
-    handler = FakeHandler(min_nodes)
-    assert not leave_if_straggler(ctx, monitor, handler)  # the node stays
-    assert handler.heartbeats
-    assert sorted(running_nodes(etcd, keys)) == ["me", "other"]  # marked running again
-    assert [e["kind"] for e in ctx.events.read()] == ["straggler"]
-    other.close(clean=True)
-    ctx.node.close(clean=True)
-
-
-def test_a_straggling_node_leaves_without_closing_the_rendezvous(etcd, tmp_path):
-    keys = RunKeys("stragglers-" + uuid.uuid4().hex[:8])
-    other = NodeLease(etcd, keys, NodeRecord("other", "h", "h", 2), ttl=3)
-    ctx, monitor = straggling_node(etcd, keys, tmp_path)
-    handler = FakeHandler(1)
-    assert leave_if_straggler(ctx, monitor, handler)
-    assert not handler.heartbeats and handler.shutdown() is True
-    assert etcd.get(keys.node("me")) is None and sorted(running_nodes(etcd, keys)) == ["other"]
-    log = ctx.events
-    straggler, excluded = log.read()
-    assert (excluded["kind"], excluded["ranks"], excluded["remaining_nodes"]) == ("node_excluded", [2], 1)
-    other.close(clean=True)

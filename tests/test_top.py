@@ -10,12 +10,12 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from bench.launch import wait_for
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord
 from elasticft.store import EmbeddedEtcd, StoreOptions, connect, free_port
@@ -31,14 +31,13 @@ from elasticft.tui import (
     rows_that_fit,
 )
 from launcher.cli import app
-from tests.launch import wait_for
 from tests.run_writer import RunWriter, gpu_sample, many_gpus, two_nodes
 from tests.top_screen import ROW, codes_at, gpu_rows, record
 
 
 @pytest.fixture
-def run(etcd):
-    writer = RunWriter(etcd, RunKeys(f"top-{uuid.uuid4().hex[:8]}"))
+def run(etcd, run_keys):
+    writer = RunWriter(etcd, run_keys)
     writer.start()
     yield writer
     writer.close()
@@ -288,19 +287,18 @@ def test_no_etcd_is_one_line_and_exit_2(etcd_server):
     assert bad.exit_code == 2 and bad.stderr.startswith("eft top: --endpoint: expected HOST:PORT")
 
 
-def test_no_such_run_exits_with_once_and_waits_without(etcd_server, etcd):
-    run_id = f"absent-{uuid.uuid4().hex[:8]}"
+def test_no_such_run_exits_with_once_and_waits_without(etcd_server, etcd, run_keys):
+    run_id = run_keys.run_id  # nothing written under it yet
     for command in ("top", "status"):
         result = eft(etcd_server, None, command, *(["--once"] if command == "top" else []), run_id=run_id)
         assert result.exit_code == 1 and f"no run '{run_id}' under /eft/{run_id}/" in result.stderr
     # Live: a waiting frame, then the run as soon as it appears (the watch, not a poll).
-    keys = RunKeys(run_id)
-    mirror = RunMirror(etcd, keys).start()
+    mirror = RunMirror(etcd, run_keys).start()
     views, stop = [], threading.Event()
     dashboard = Dashboard(mirror, ViewSettings(), views.append, refresh=0.05)
     thread = threading.Thread(target=dashboard.run, args=(stop,), daemon=True)
     thread.start()
-    writer = RunWriter(etcd, keys)
+    writer = RunWriter(etcd, run_keys)
     try:
         wait_for(lambda: views and not views[-1].exists, 10, "a waiting frame")
         console = Console(record=True, width=100, file=io.StringIO())

@@ -21,7 +21,6 @@ from elasticft.agent.watchdogs import (
     worker_activity,
 )
 from elasticft.config import ConfigError, WatchdogConfig
-from elasticft.contract.keys import RunKeys
 from elasticft.health.sample import GpuSample
 from elasticft.worker.progress import ProgressWriter
 
@@ -159,10 +158,9 @@ def test_enabled_counts_a_check_only_with_its_readings():
                          read_gpus=list, read_activity=lambda: None).enabled
 
 
-def test_gpu_memory_trip_requests_a_save_once_per_crossing(etcd):
-    keys = RunKeys("watchdog-gpu")
-    protocol = CheckpointProtocol(etcd, keys, "n0")
-    events = EventLog(etcd, keys, "n0")
+def test_gpu_memory_trip_requests_a_save_once_per_crossing(etcd, run_keys):
+    protocol = CheckpointProtocol(etcd, run_keys, "n0")
+    events = EventLog(etcd, run_keys, "n0")
     made = []
 
     def request(trip):
@@ -184,7 +182,7 @@ def test_gpu_memory_trip_requests_a_save_once_per_crossing(etcd):
     assert len(made) == 3
     request, created = made[0]
     assert created and (request.reason, request.exit, request.requester) == ("watchdog", False, "n0/gpu_memory/gpu1")
-    logged = [e for e in EventLog(etcd, keys, "x").read() if e["kind"] == "watchdog"]
+    logged = [e for e in EventLog(etcd, run_keys, "x").read() if e["kind"] == "watchdog"]
     assert [(e["check"], e["target"], e["save"], e["save_and_exit"]) for e in logged] == [
         ("gpu_memory", "gpu1", True, False), ("gpu_memory", "gpu0", True, False), ("gpu_memory", "gpu1", True, False)]
 
@@ -352,10 +350,9 @@ def test_disk_watchdog_inodes_and_unreadable_dir(tmp_path):
     assert (trip.check, trip.reading, trip.limit) == ("disk_inodes", 15, 2 * 10)
 
 
-def test_memory_trip_requests_one_save_and_exit(etcd):
-    keys = RunKeys("watchdog-mem")
-    protocol = CheckpointProtocol(etcd, keys, "n0")
-    events = EventLog(etcd, keys, "n0")
+def test_memory_trip_requests_one_save_and_exit(etcd, run_keys):
+    protocol = CheckpointProtocol(etcd, run_keys, "n0")
+    events = EventLog(etcd, run_keys, "n0")
     readings = iter([50.0, 96.0, 97.0, 90.0, 98.0])
     made = []
 
@@ -372,7 +369,7 @@ def test_memory_trip_requests_one_save_and_exit(etcd):
     dogs.check_once()  # cleared
     assert len(dogs.check_once()) == 1  # high again: another event, but the exit was asked once
     assert len(made) == 1
-    log = EventLog(etcd, keys, "x").read()
+    log = EventLog(etcd, run_keys, "x").read()
     assert [e["kind"] for e in log] == ["watchdog", "ckpt_request", "watchdog"]
     watchdog = [e for e in log if e["kind"] == "watchdog"][0]
     assert (watchdog["check"], watchdog["reading"], watchdog["limit"]) == ("cpu_memory", 96.0, 95)
@@ -385,233 +382,3 @@ def test_thread_starts_and_stops(tmp_path):
     dogs.start()
     dogs.stop()  # the stop event wakes the wait: returns at once
     assert not dogs.running
-
-
-@pytest.mark.slow
-def test_eft_run_memory_watchdog_saves_exits_and_notifies(tmp_path):
-    """End to end: a memory limit the host is always above makes the job save, exit 0 and say so."""
-    from tests.launch import WORKERS, Launched, eft_run
-
-    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
-    out.mkdir()
-    sinks = json.dumps([f"file:{tmp_path / 'notify.jsonl'}", f"command:cat >> {tmp_path / 'stdin.jsonl'}"])
-    job = Launched([*eft_run(), "--standalone", "--nproc-per-node", "2", "--eft-mem-threshold", "0.01",
-                    "--eft-watch-interval", "0.5", "--eft-watch-dirs", str(ckpt), "--eft-notify", sinks,
-                    str(WORKERS / "toy_train.py"), str(out), "--ckpt", str(ckpt), "--iters", "100000",
-                    "--save-interval", "0"], tmp_path / "eft-run.log")
-    try:
-        assert job.wait(90) == 0, job.output()
-    finally:
-        job.stop()
-    notified = [json.loads(line) for line in (tmp_path / "notify.jsonl").read_text().splitlines()]
-    kinds = [e["kind"] for e in notified]
-    assert kinds[0] == "watchdog" and notified[0]["check"] == "cpu_memory"
-    saved, = [e for e in notified if e["kind"] == "ckpt_saved"]
-    assert saved["exit"] and (ckpt / f"iter_{saved['iteration']:07d}").is_dir()
-    # Both ranks saved because of the watchdog, at that iteration, and stopped there.
-    saves, exits = _toy_events(tmp_path, "save"), _toy_events(tmp_path, "exit")
-    assert [(s["reason"], s["iteration"]) for s in saves] == [("watchdog", saved["iteration"])] * 2
-    assert sorted(e["rank"] for e in exits) == [0, 1] and {e["iteration"] for e in exits} == {saved["iteration"]}
-    assert "job_finished" in kinds
-    assert [json.loads(line) for line in (tmp_path / "stdin.jsonl").read_text().splitlines()] == notified
-
-
-# -- end to end: eft-run, toy_train, real etcd -----------------------------------------
-
-CKPT_BYTES = 2**20  # each rank's share: 2 ranks make a checkpoint of about 2 MiB
-SMALL_DISK = 7 * 2**20  # room for three such checkpoints and a half
-
-
-def _start_toy(tmp_path, launcher, *eft_flags, toy_flags=()):
-    from tests.launch import WORKERS, Launched
-
-    out = tmp_path / "out"
-    out.mkdir(exist_ok=True)
-    return Launched([*launcher, "--standalone", "--nproc-per-node", "2", "--eft-watch-interval", "0.5",
-                     "--eft-mem-threshold", "0", "--eft-notify", f"file:{tmp_path / 'notify.jsonl'}", *eft_flags,
-                     str(WORKERS / "toy_train.py"), str(out), "--iters", "100000", *toy_flags],
-                    tmp_path / "eft-run.log")
-
-
-def _toy_events(tmp_path, event):
-    from tests.launch import read_jsonl
-
-    return [e for e in read_jsonl(tmp_path / "out" / "events.jsonl") if e["event"] == event]
-
-
-def _notified(tmp_path, check):
-    from tests.launch import read_jsonl
-
-    return [e for e in read_jsonl(tmp_path / "notify.jsonl") if e["kind"] == "watchdog" and e["check"] == check]
-
-
-def _connect_to_run(tmp_path, job):
-    """(etcd client, keys) of a toy_train run, once both ranks have started."""
-    from elasticft.store import StoreOptions, connect
-    from tests.launch import wait_for
-
-    wait_for(lambda: len(_toy_events(tmp_path, "resume")) == 2 or job.proc.poll() is not None, 120, "both ranks to start")
-    assert job.proc.poll() is None, job.output()
-    run = json.loads((tmp_path / "out" / "run.json").read_text())
-    return connect(StoreOptions(run["endpoint"])), RunKeys(run["run_id"])
-
-
-def _free_bytes(statvfs, path):
-    st = statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
-@pytest.fixture(params=["tmpfs", "faked statvfs"])
-def small_disk(request, tmp_path):
-    """(checkpoint dir on a 7 MiB disk, the launcher to run, the statvfs that sees that disk).
-
-    A real tmpfs where this machine lets us mount one; otherwise (and always, as the
-    second variant) eft-run under tests/small_disk.py, which fakes ``os.statvfs`` in
-    the agent's process.
-    """
-    import os
-    import shutil
-    import subprocess
-    import sys
-
-    from tests.launch import HERE, eft_run
-    from tests.small_disk import small_disk as fake_statvfs
-
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    if request.param == "faked statvfs":
-        yield ckpt, [sys.executable, str(HERE / "small_disk.py"), str(SMALL_DISK), str(ckpt)], fake_statvfs(SMALL_DISK, str(ckpt))
-        return
-    if shutil.which("mount") is None:
-        pytest.skip("no mount command")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_DISK}", "eft-test", str(ckpt)],
-                             capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
-    try:
-        yield ckpt, eft_run(), os.statvfs
-    finally:
-        subprocess.run(["umount", "-l", str(ckpt)], capture_output=True, check=False)
-
-
-@pytest.mark.slow
-def test_eft_run_disk_watchdog_trips_while_one_more_checkpoint_still_fits(small_disk, tmp_path):
-    """Checkpoints that pile up on a small disk: the watchdog trips while the next save
-    still fits, so the job can still save and stop cleanly; the save after would fail."""
-    import errno
-
-    from tests.launch import wait_for
-
-    ckpt, launcher, statvfs = small_disk
-    job = _start_toy(tmp_path, launcher, "--eft-watch-dirs", str(ckpt), "--eft-watch-keep", "2",
-                     toy_flags=["--ckpt", str(ckpt), "--keep", "100", "--ckpt-bytes", str(CKPT_BYTES)])
-    client = None
-    try:
-        client, keys = _connect_to_run(tmp_path, job)
-        protocol = CheckpointProtocol(client, keys, "test")
-
-        def save(n, exit=False):
-            request, _ = protocol.request("manual", "test", exit=exit)
-            wait_for(lambda: len(_toy_events(tmp_path, "save")) == 2 * n or job.proc.poll() is not None,
-                     60, f"save {n} on both ranks")
-            assert job.proc.poll() is None or exit, job.output()
-            wait_for(lambda: not protocol.is_open(request), 30, f"save {n} to be acknowledged")
-
-        save(1)  # about 5 MiB free: room for two more
-        save(2)  # about 3 MiB free: room for one more, not two
-        trip, = wait_for(lambda: _notified(tmp_path, "disk_space"), 30, "the disk watchdog's notification")
-        second = _toy_events(tmp_path, "save")[-1]
-        assert trip["target"] == str(ckpt) and trip["time"] > second["decided"]  # not after the first save
-        one_checkpoint = trip["limit"] / 2  # learned from the newest checkpoint
-        assert one_checkpoint >= 2 * CKPT_BYTES
-        assert one_checkpoint <= trip["reading"] < 2 * one_checkpoint, trip  # tripped while one more still fits
-        assert not _toy_events(tmp_path, "exit") and job.proc.poll() is None  # no save failed: training goes on
-
-        # The operator's answer to the notification: save and stop. It fits.
-        save(3, exit=True)
-        assert job.wait(60) == 0, job.output()
-        assert len(_toy_events(tmp_path, "exit")) == 2
-        assert sorted(p.name for p in ckpt.glob("iter_*/.complete")) == [".complete"] * 3
-        # And the save after that would not have fitted.
-        assert _free_bytes(statvfs, ckpt) < one_checkpoint
-        if statvfs is __import__("os").statvfs:  # the real small disk: show it
-            with pytest.raises(OSError) as full:
-                (ckpt / "next-checkpoint").write_bytes(bytes(int(one_checkpoint)))
-            assert full.value.errno == errno.ENOSPC
-        assert len(_notified(tmp_path, "disk_space")) == 1
-    finally:
-        job.stop()
-        if client is not None:
-            client.close()
-
-
-def _full_gpu_trace(path, gpus=2, full_gpu=1, rounds=5):
-    """An eft CSV trace (docs/health.md): a healthy node, except that one GPU's memory is
-    nearly all used (81500 of 81559 MiB: 0.07 % free)."""
-    lines = ["timestamp,node,gpu,temperature_c,memory_used_mib,memory_total_mib,power_w,power_limit_w,utilization_pct"]
-    for r in range(rounds):
-        for g in range(gpus):
-            used = 81500 if g == full_gpu else 70000
-            lines.append(f"{1714564800 + r},node-a,{g},60,{used},81559,550,700,98")
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-@pytest.mark.slow
-def test_eft_run_gpu_memory_watchdog_saves_and_training_goes_on(tmp_path):
-    """Replayed telemetry of a GPU out of memory headroom: a save (reason watchdog, no exit)."""
-    from tests.launch import eft_run, wait_for
-
-    trace = _full_gpu_trace(tmp_path / "full_gpu.csv")
-    stop = tmp_path / "stop"
-    job = _start_toy(tmp_path, eft_run(), "--eft-health-source", f"replay:{trace}", "--eft-health-interval", "0.5",
-                     "--eft-gpu-mem-headroom", "2", "--eft-kill-switch", str(stop),
-                     toy_flags=["--ckpt", str(tmp_path / "ckpt")])
-    client = None
-    try:
-        client, keys = _connect_to_run(tmp_path, job)
-        saves = wait_for(lambda: len(_toy_events(tmp_path, "save")) == 2 and _toy_events(tmp_path, "save"), 60,
-                         "the watchdog's save on both ranks")
-        assert {s["reason"] for s in saves} == {"watchdog"} and len({s["iteration"] for s in saves}) == 1
-        request = CheckpointProtocol(client, keys, "test").current()
-        assert (request.reason, request.exit) == ("watchdog", False)
-        assert request.requester.endswith("/gpu_memory/gpu1") and request.id == saves[0]["request_id"]
-        logged = [e for e in EventLog(client, keys, "test").read() if e["kind"] == "watchdog"]
-        assert [(e["check"], e["target"], e["save"], e["save_and_exit"]) for e in logged] == [
-            ("gpu_memory", "gpu1", True, False)]  # GPU 0 has room; GPU 1 trips once while it stays full
-        assert logged[0]["reading"] < 2 and _notified(tmp_path, "gpu_memory")
-
-        stop.touch()  # training went on after the save: it stops now, later, with a save of its own
-        assert job.wait(60) == 0, job.output()
-        exits = _toy_events(tmp_path, "exit")
-        assert len(exits) == 2 and exits[0]["iteration"] > saves[0]["iteration"]
-    finally:
-        job.stop()
-        if client is not None:
-            client.close()
-
-
-@pytest.mark.slow
-def test_eft_run_silence_watchdog_reports_hung_workers(tmp_path):
-    """A rank that hangs holds every rank in the next collective: no heartbeat, no log line."""
-    from tests.launch import eft_run, wait_for
-
-    job = _start_toy(tmp_path, eft_run(), "--eft-silence-limit", "3", "--eft-inject", "rank_hung:1@20",
-                     "--redirects", "3", "--log-dir", str(tmp_path / "logs"),
-                     toy_flags=["--ckpt", str(tmp_path / "ckpt")])
-    client = None
-    try:
-        client, keys = _connect_to_run(tmp_path, job)
-        trip, = wait_for(lambda: _notified(tmp_path, "silence"), 60, "the silence watchdog")
-        assert trip["target"] == "workers" and trip["limit"] == 3 and trip["reading"] > 3
-        # Not at start-up: only after 20 iterations (at least 1 s) and then 3 s of silence.
-        assert trip["time"] >= max(e["time"] for e in _toy_events(tmp_path, "resume")) + 20 * 0.05 + 3
-        assert not trip["save"] and not trip["save_and_exit"]
-        assert CheckpointProtocol(client, keys, "test").current() is None  # a silent job is not asked to save
-        assert job.proc.poll() is None  # the watchdog reports; it does not kill
-        # The worker logs were redirected to files, which the watchdog watched as well.
-        assert len(list((tmp_path / "logs").rglob("stderr.log"))) == 2
-    finally:
-        job.stop()
-        if client is not None:
-            client.close()

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from bench.launch import wait_for
 from elasticft.worker import Hook
 from elasticft.worker.gap import gap_filter
 from elasticft.worker.relay import RequestFile
@@ -25,7 +26,6 @@ from tests.gloo_job import (
     wait_progress,
     write_request,
 )
-from tests.launch import wait_for
 
 
 def saved_iterations(results):

@@ -1,4 +1,10 @@
-"""Start real launchers (eft-run, torchrun) as separate process groups, for tests and benches."""
+"""Start real launchers (eft-run, torchrun) as separate process groups, and read what
+their workers write: for the benches, and for the tests, which import it from here.
+
+Nothing here imports ``tests``: a bench runs from a checkout with only ``bench/`` and
+the repository root on the path. The worker scripts stay in tests/workers/ (shared with
+the tests); they are run by path, never imported.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +19,8 @@ from pathlib import Path
 
 import psutil
 
-HERE = Path(__file__).resolve().parent
-WORKERS = HERE / "workers"
+ROOT = Path(__file__).resolve().parents[1]
+WORKERS = ROOT / "tests" / "workers"
 
 
 def eft_run() -> list[str]:
@@ -24,6 +30,14 @@ def eft_run() -> list[str]:
 
 def torchrun() -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run"]
+
+
+def rdzv_command(launcher: list[str], *program: str, nnodes: str, nproc: int, backend: str, endpoint: str,
+                 run_id: str, flags: list[str] = ()) -> list[str]:
+    """One node's command line: ``launcher`` joining rendezvous ``run_id`` at ``endpoint``,
+    then its other ``flags``, then the program and its arguments."""
+    return [*launcher, "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--rdzv-backend", backend,
+            "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, *flags, *program]
 
 
 class Launched:
@@ -97,9 +111,15 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
 
 
 def read_jsonl(path: Path) -> list[dict]:
+    """Every record of a JSON-lines file (worker events, notifications); none if it is absent."""
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def worker_events(out: Path, kind: str) -> list[dict]:
+    """toy_train.py's events of one kind (resume, save, exit) from its output folder ``out``, oldest first."""
+    return [e for e in read_jsonl(Path(out) / "events.jsonl") if e["event"] == kind]
 
 
 def generation(path: Path, world_size: int, after: float = 0.0) -> list[dict] | None:

@@ -4,7 +4,8 @@
 structs with .used/.total/.gpu, milliwatts, event data with .device/.eventType/
 .eventData), and raises pynvml's own NVMLError subclasses, so everything above the
 pynvml calls runs for real. ``install(monkeypatch)`` puts its functions into the
-real pynvml module; ``bench/sampler.py`` passes the object itself as the module.
+real pynvml module; ``bench/sampler.py`` passes the object itself as the module. It
+lives in bench/ for that bench, which must run without tests/ on the path.
 """
 
 from __future__ import annotations
