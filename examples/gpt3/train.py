@@ -6,13 +6,8 @@ CheckpointDir, and eft's per-iteration hook. It runs unchanged under torchrun (t
 is inert) and eft-run (the planner rewrites --tensor-model-parallel-size and
 --pipeline-model-parallel-size at every restart; the checkpoint is resharded on load).
 
-  torchrun --nproc-per-node 4 examples/gpt3/train.py --tensor-model-parallel-size 2 \\
-      --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \\
-      --max-position-embeddings 32 --vocab-size 128 --global-batch-size 8 \\
-      --micro-batch-size 1 --train-iters 20 --lr 1e-3 --save ckpt --load ckpt --save-interval 5
-
 With CUDA: nccl and bf16. Without: gloo and fp32 through cpu_mode.py, an emulation for
-testing. See docs/gpt3.md.
+testing. docs/gpt3.md has command lines to run it with.
 
 The batch of an iteration does not depend on the layout: iteration i trains on global
 samples i*GBS ... i*GBS+GBS-1, data-parallel rank r takes the r-th contiguous slice of
