@@ -175,35 +175,24 @@ def test_every_eft_flag_is_documented_in_the_readme():
     assert flags and not {f for f in flags if f"`{f}`" not in readme}
 
 
-@pytest.mark.slow
 def redundant_pids(etcd, keys: RunKeys) -> set[int]:
     """The pids of the agents on the rendezvous' redundancy list (torch's pickled state)."""
     found = etcd.get(keys.rdzv_state)
     return {node.pid for node in pickle.loads(found.value).redundancy_list} if found else set()
 
 
-def test_a_node_turned_away_as_redundant_exits_cleanly_when_the_job_ends(tmp_path, etcd_server, etcd):
+@pytest.mark.slow
+def test_a_node_turned_away_as_redundant_exits_cleanly_when_the_job_ends(tmp_path, eft_job, etcd, run_keys):
     """torch puts a node that arrives when --nnodes' maximum is reached on its redundancy
     list; when the job ends, its rendezvous exits gracefully and torch's run returns
     nothing. The agent must turn that into a clean exit, not an AttributeError."""
-    run_id = uuid.uuid4().hex
     out = tmp_path / "out"
     out.mkdir()
-    cmd = [*eft_run(), "--nnodes", "1:1", "--nproc-per-node", "1", "--rdzv-backend", "etcd-v3",
-           "--rdzv-endpoint", etcd_server.endpoint, "--rdzv-id", run_id, "--monitor-interval", "0.2",
-           str(WORKERS / "allreduce_loop.py"), str(out)]
-    working = Launched(cmd, tmp_path / "working.log")
-    redundant = None
-    try:
-        wait_for(lambda: (out / "starts.jsonl").exists(), 60, "the first node's worker")
-        redundant = Launched(cmd, tmp_path / "redundant.log")
-        wait_for(lambda: redundant.proc.pid in redundant_pids(etcd, RunKeys(run_id)), 60,
-                 "the second node to be turned away")
-        (out / "finish").touch()
-        assert working.wait(60) == 0, working.output()
-        assert redundant.wait(60) == 0, redundant.output()
-        assert "Traceback" not in redundant.output(), redundant.output()
-    finally:
-        working.stop()
-        if redundant is not None:
-            redundant.stop()
+    working = eft_job("allreduce_loop.py", out, nodes="1:1", name="working")
+    wait_for(lambda: (out / "starts.jsonl").exists(), 60, "the first node's worker")
+    redundant = eft_job("allreduce_loop.py", out, nodes="1:1", name="redundant")
+    wait_for(lambda: redundant.proc.pid in redundant_pids(etcd, run_keys), 60, "the second node to be turned away")
+    (out / "finish").touch()
+    assert working.wait(60) == 0, working.output()
+    assert redundant.wait(60) == 0, redundant.output()
+    assert "Traceback" not in redundant.output(), redundant.output()
