@@ -4,7 +4,11 @@ from pathlib import Path
 import pytest
 
 from bench.launch import WORKERS, Launched, eft_run, rdzv_command
+from elasticft.agent.context import AgentContext
+from elasticft.agent.events import EventLog
 from elasticft.contract.keys import RunKeys
+from elasticft.contract.records import NodeRecord
+from elasticft.rendezvous.membership import Membership, NodeLease
 from elasticft.store import EmbeddedEtcd, StoreOptions, connect
 
 
@@ -20,6 +24,30 @@ def etcd(etcd_server):
     client = connect(StoreOptions(etcd_server.endpoint))
     yield client
     client.close()
+
+
+@pytest.fixture
+def agent_context(etcd, run_keys, tmp_path):
+    """Make a real AgentContext: ``agent_context(node_id, run_dir=None) -> AgentContext``.
+
+    Node ``node_id`` joins this test's run on the session's etcd as an agent does (its
+    record under a lease, an event log, a membership watch); its run directory is
+    ``run_dir`` or ``tmp_path/<node_id>``. Every context is closed at teardown.
+    """
+    made: list[AgentContext] = []
+
+    def make(node_id: str, run_dir: Path | None = None) -> AgentContext:
+        run_dir = Path(run_dir or tmp_path / node_id)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        node = NodeLease(etcd, run_keys, NodeRecord(node_id, "host", "host", 1), ttl=3.0)
+        made.append(AgentContext(etcd, run_keys, node, EventLog(etcd, run_keys, node_id), Membership(etcd, run_keys),
+                                 run_dir))
+        return made[-1]
+
+    yield make
+    for ctx in made:
+        ctx.membership.close()
+        ctx.node.close(clean=True)
 
 
 @pytest.fixture

@@ -25,7 +25,6 @@ from elasticft.config import ConfigError, RiskConfig, StragglerConfig
 from elasticft.contract.progress import progress_dir
 from elasticft.health import GpuSample, RiskModel
 from elasticft.worker.progress import ProgressWriter
-from tests.contexts import agent_context, close_agent_contexts, recorded  # noqa: F401 - a fixture
 from tests.test_health_risk import busy, run
 
 
@@ -243,9 +242,9 @@ def write_heartbeat(run_dir, rank, local_rank, step_times):
 
 
 class Node:
-    def __init__(self, etcd, keys, tmp_path, name, config, **kwargs):
-        self.run_dir = tmp_path / name
-        self.ctx = agent_context(etcd, keys, name, self.run_dir)
+    def __init__(self, agent_context, name, config, **kwargs):
+        self.ctx = agent_context(name)
+        self.run_dir = self.ctx.run_dir
         self.risk = {}
         self.monitor = StragglerMonitor(
             config, self.ctx, set_risk=lambda node, gpu, value: self.risk.__setitem__((node, gpu), value), **kwargs,
@@ -253,17 +252,17 @@ class Node:
 
     @property
     def events(self) -> list[tuple[str, dict]]:
-        return recorded(self.ctx)
+        return [(e["kind"], e) for e in self.ctx.events.read() if e["source"] == self.ctx.node_id]
 
     def beats(self, first_rank, per_rank):
         for local_rank, times in enumerate(per_rank):
             write_heartbeat(self.run_dir, first_rank + local_rank, local_rank, times)
 
 
-def test_monitor_scores_two_nodes_and_reports_once(etcd, run_keys, tmp_path):
+def test_monitor_scores_two_nodes_and_reports_once(etcd, run_keys, agent_context, tmp_path):
     config = StragglerConfig(straggler_interval=2)
-    a = Node(etcd, run_keys, tmp_path, "node-a", config, gpu_of=lambda lr: lr + 4, world_size=lambda: 4)
-    b = Node(etcd, run_keys, tmp_path, "node-b", config)
+    a = Node(agent_context, "node-a", config, gpu_of=lambda lr: lr + 4, world_size=lambda: 4)
+    b = Node(agent_context, "node-b", config)
     a.beats(0, [[0.1] * 8, [0.4] * 8])  # rank 1 is four times slower
     b.beats(2, [[0.1] * 8, [0.11] * 8])
     assert a.monitor.check_once() == []  # b has not published: a sees 2 of the job's 4 ranks
@@ -295,8 +294,8 @@ def test_monitor_scores_two_nodes_and_reports_once(etcd, run_keys, tmp_path):
     assert a.events[1][1]["individual"] == pytest.approx(0.2)
 
 
-def test_monitor_best_survives_a_worker_restart_and_a_job_wide_slowdown_is_individual(etcd, run_keys, tmp_path):
-    node = Node(etcd, run_keys, tmp_path, "n", StragglerConfig(straggler_interval=2))
+def test_monitor_best_survives_a_worker_restart_and_a_job_wide_slowdown_is_individual(etcd, run_keys, agent_context, tmp_path):
+    node = Node(agent_context, "n", StragglerConfig(straggler_interval=2))
     node.beats(0, [[0.1] * 5, [0.1] * 5])
     assert not any(s.straggler for s in node.monitor.check_once())
     # The workers restart (fresh heartbeats, new ranks) and everyone is three times slower.
@@ -308,9 +307,9 @@ def test_monitor_best_survives_a_worker_restart_and_a_job_wide_slowdown_is_indiv
     assert all(s.individual == pytest.approx(1 / 3) for s in scores)
 
 
-def test_monitor_skips_young_dead_and_stale_ranks(etcd, run_keys, tmp_path):
+def test_monitor_skips_young_dead_and_stale_ranks(etcd, run_keys, agent_context, tmp_path):
     config = StragglerConfig(straggler_interval=2)
-    a = Node(etcd, run_keys, tmp_path, "a", config)
+    a = Node(agent_context, "a", config)
     a.beats(0, [[0.1] * 5, [0.1, 0.9]])  # rank 1: two steps, too early to judge
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True,
                           text=True)
@@ -320,7 +319,7 @@ def test_monitor_skips_young_dead_and_stale_ranks(etcd, run_keys, tmp_path):
     record["pid"] = int(dead.stdout)  # a worker of an earlier round that has exited
     path.write_text(json.dumps(record))
     # Node b's agent is stuck: its last record is older than 2.5 intervals.
-    b = Node(etcd, run_keys, tmp_path, "b", config, clock=lambda: 0.0)
+    b = Node(agent_context, "b", config, clock=lambda: 0.0)
     b.beats(3, [[9.0] * 5])
     b.monitor.check_once()
     scores = a.monitor.check_once()
@@ -328,8 +327,8 @@ def test_monitor_skips_young_dead_and_stale_ranks(etcd, run_keys, tmp_path):
     assert a.events == []
 
 
-def test_steps_vanish_with_the_node_lease(etcd, run_keys, tmp_path):
-    node = Node(etcd, run_keys, tmp_path, "n", StragglerConfig())
+def test_steps_vanish_with_the_node_lease(etcd, run_keys, agent_context, tmp_path):
+    node = Node(agent_context, "n", StragglerConfig())
     node.beats(0, [[0.1] * 4])
     node.monitor.check_once()
     value = json.loads(etcd.get(run_keys.steps("n")).value)
@@ -338,8 +337,8 @@ def test_steps_vanish_with_the_node_lease(etcd, run_keys, tmp_path):
     assert etcd.get(run_keys.steps("n")) is None
 
 
-def test_exclusion_is_wanted_only_with_the_exclude_action(etcd, run_keys, tmp_path):
-    node = Node(etcd, run_keys, tmp_path, "n", StragglerConfig(straggler_action="exclude"))
+def test_exclusion_is_wanted_only_with_the_exclude_action(etcd, run_keys, agent_context, tmp_path):
+    node = Node(agent_context, "n", StragglerConfig(straggler_action="exclude"))
     node.beats(0, [[0.1] * 4, [0.1] * 4, [1.0] * 4])
     assert not node.monitor.wants_exclusion()
     node.monitor.check_once()
@@ -349,7 +348,7 @@ def test_exclusion_is_wanted_only_with_the_exclude_action(etcd, run_keys, tmp_pa
     assert not node.monitor.wants_exclusion()  # recovered before the restart: it stays
 
 
-def test_the_straggler_factor_reaches_the_published_health_record(etcd, run_keys, tmp_path):
+def test_the_straggler_factor_reaches_the_published_health_record(etcd, run_keys, agent_context, tmp_path):
     """Monitor -> RiskModel.set_straggler -> sampler -> health/<node>/<gpu>, as the agent wires them."""
     from pathlib import Path
 
@@ -358,7 +357,7 @@ def test_the_straggler_factor_reaches_the_published_health_record(etcd, run_keys
 
     source = ReplaySource(Path(__file__).parent / "data" / "healthy.csv", node="node-a")
     sampler = HealthSampler(source, RiskModel(), publish=EtcdHealthPublisher(etcd, run_keys, "node-a", None))
-    monitor = StragglerMonitor(StragglerConfig(), agent_context(etcd, run_keys, "node-a", tmp_path),
+    monitor = StragglerMonitor(StragglerConfig(), agent_context("node-a", tmp_path),
                                set_risk=sampler.model.set_straggler)
     for local_rank, seconds in enumerate([0.1, 0.1, 0.1, 0.5]):
         write_heartbeat(tmp_path, local_rank, local_rank, [seconds] * 4)
@@ -372,8 +371,8 @@ def test_the_straggler_factor_reaches_the_published_health_record(etcd, run_keys
     assert json.loads(etcd.get(run_keys.health("node-a", 5)).value)["factors"]["straggler"] is None
 
 
-def test_monitor_events_reach_etcd_and_the_thread_stops(etcd, run_keys, tmp_path):
-    ctx = agent_context(etcd, run_keys, "n", tmp_path)
+def test_monitor_events_reach_etcd_and_the_thread_stops(etcd, run_keys, agent_context, tmp_path):
+    ctx = agent_context("n", tmp_path)
     log = ctx.events
     monitor = StragglerMonitor(StragglerConfig(straggler_interval=3600), ctx)
     for local_rank, seconds in enumerate([0.1, 0.1, 0.5]):

@@ -15,7 +15,6 @@ from elasticft.agent.stragglers import StragglerMonitor
 from elasticft.config import StragglerConfig
 from elasticft.contract.records import NodeRecord
 from elasticft.rendezvous.membership import Membership, NodeLease, running_nodes
-from tests.contexts import agent_context, close_agent_contexts  # noqa: F401 - a fixture
 from tests.test_stragglers import write_heartbeat
 
 # -- leaving the job -------------------------------------------------------------------------
@@ -58,20 +57,20 @@ class FakeHandler:
         raise AssertionError("closing the rendezvous would end the job for the others")
 
 
-def straggling_node(etcd, keys, tmp_path):
+def straggling_node(agent_context, tmp_path):
     """Node "me" with a straggler among its ranks, as the agent holds it at a restart."""
     for local_rank, seconds in enumerate([0.1, 0.1, 0.9]):
         write_heartbeat(tmp_path, local_rank, local_rank, [seconds] * 4)
-    ctx = agent_context(etcd, keys, "me", tmp_path)
+    ctx = agent_context("me", tmp_path)
     monitor = StragglerMonitor(StragglerConfig(straggler_action="exclude"), ctx)
     monitor.check_once()
     return ctx, monitor
 
 
 @pytest.mark.parametrize("min_nodes", [2, 3])
-def test_a_straggling_node_stays_when_the_others_are_too_few(etcd, run_keys, tmp_path, min_nodes):
+def test_a_straggling_node_stays_when_the_others_are_too_few(etcd, run_keys, agent_context, tmp_path, min_nodes):
     other = NodeLease(etcd, run_keys, NodeRecord("other", "h", "h", 2), ttl=3)
-    ctx, monitor = straggling_node(etcd, run_keys, tmp_path)
+    ctx, monitor = straggling_node(agent_context, tmp_path)
     handler = FakeHandler(min_nodes)
     assert not leave_if_straggler(ctx, monitor, handler)  # the node stays
     assert handler.heartbeats
@@ -80,9 +79,9 @@ def test_a_straggling_node_stays_when_the_others_are_too_few(etcd, run_keys, tmp
     other.close(clean=True)
 
 
-def test_a_straggling_node_leaves_without_closing_the_rendezvous(etcd, run_keys, tmp_path):
+def test_a_straggling_node_leaves_without_closing_the_rendezvous(etcd, run_keys, agent_context, tmp_path):
     other = NodeLease(etcd, run_keys, NodeRecord("other", "h", "h", 2), ttl=3)
-    ctx, monitor = straggling_node(etcd, run_keys, tmp_path)
+    ctx, monitor = straggling_node(agent_context, tmp_path)
     handler = FakeHandler(1)
     assert leave_if_straggler(ctx, monitor, handler)
     assert not handler.heartbeats and handler.shutdown() is True
