@@ -5,7 +5,14 @@ import signal
 import pytest
 from torch.distributed.elastic.agent.server.api import WorkerState
 
-from elasticft.agent.decide import REPORT, Observation, RestartReason, Verdict, decide
+from elasticft.agent.decide import (
+    REPORT,
+    Observation,
+    RestartReason,
+    Verdict,
+    decide,
+    restart_reason,
+)
 from elasticft.agent.hangs import Overrun
 from elasticft.contract.records import NodeRecord
 
@@ -56,3 +63,11 @@ def test_workers_that_exited_after_a_signal_save_are_restarted_not_finished():
 def test_success_is_success_even_if_a_node_left_meanwhile():
     assert decide(Observation(WorkerState.SUCCEEDED, lost=LOST)) is REPORT
     assert decide(Observation(WorkerState.SUCCEEDED)) is REPORT
+
+
+def test_torchs_own_restarts_say_why_a_failure_or_a_scale_up():
+    assert restart_reason(REPORT, WorkerState.FAILED) is RestartReason.WORKER_FAILED
+    assert restart_reason(REPORT, WorkerState.UNHEALTHY) is RestartReason.WORKER_FAILED
+    assert restart_reason(REPORT, WorkerState.HEALTHY) is RestartReason.MEMBERSHIP  # nodes wait to join
+    hang = decide(Observation(WorkerState.HEALTHY, overruns=HUNG))
+    assert restart_reason(hang, WorkerState.FAILED) is RestartReason.HANG

@@ -55,6 +55,7 @@ from elasticft.agent.decide import (
     RestartReason,
     Verdict,
     decide,
+    restart_reason,
 )
 from elasticft.agent.exclusion import leave_if_straggler
 from elasticft.agent.hang_monitor import HangMonitor
@@ -253,7 +254,7 @@ class FTElasticAgent(LocalElasticAgent):
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         """Every restart is an event; torch has already charged a worker failure to --max-restarts."""
         if self._ctx is not None:
-            self._ctx.record(EventKind.RESTART, reason=self._pending.reason,
+            self._ctx.record(EventKind.RESTART, reason=restart_reason(self._pending, worker_group.state),
                              remaining_restarts=torch_seam.remaining_restarts(self),
                              max_restarts=worker_group.spec.max_restarts)
         try:  # torch's restart calls _stop_workers, which reads the pending decision

@@ -77,3 +77,14 @@ def decide(seen: Observation) -> Decision:
     if seen.state is WorkerState.SUCCEEDED and seen.signal_save:
         return Decision(Verdict.RESTART, RestartReason.SIGNAL_SAVE)
     return REPORT
+
+
+def restart_reason(pending: Decision, state: WorkerState) -> RestartReason:
+    """Why the workers restart now: the monitor's decision, or else torch's own reason.
+
+    torch restarts on its own in two cases: after a failure it charged (the group is
+    FAILED or UNHEALTHY), and when nodes wait to join a healthy group (a scale-up).
+    """
+    if pending is not REPORT:
+        return pending.reason
+    return RestartReason.MEMBERSHIP if state is WorkerState.HEALTHY else RestartReason.WORKER_FAILED
