@@ -1,7 +1,9 @@
-"""``eft health replay TRACE.csv``: score a GPU telemetry trace offline.
+"""``eft health replay TRACE.csv`` and ``eft health eval TRACES...``.
 
-Prints, per GPU, the highest risk, when it first crossed the threshold, and the
-factor that dominated; ``--json`` prints the same as one JSON object.
+``replay`` prints, per GPU, the highest risk, when it first crossed the threshold,
+and the factor that dominated. ``eval`` measures the model on labelled traces
+(recall, precision, false triggers, lead time; ``health_eval.py`` formats it).
+``--json`` prints the same as one JSON object.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from typing import Optional
 import typer
 
 from elasticft.config import ConfigError, RiskConfig, from_env
+from elasticft.health.evaluate import LabelError, evaluate, score_trace
+from elasticft.health.labels import read_labels
 from elasticft.health.risk import RiskModel
 from elasticft.health.summary import GpuSummary, summarize
 from elasticft.health.trace import TraceError, read_trace
+from launcher.health_eval import DEFAULT_THRESHOLDS, eval_json, eval_tables, parse_thresholds
 
 health_app = typer.Typer(
     help="GPU health: score telemetry traces offline.",
@@ -26,8 +31,8 @@ health_app = typer.Typer(
 )
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"eft health replay: error: {message}", err=True)
+def _fail(message: str, command: str = "replay") -> typer.Exit:
+    typer.echo(f"eft health {command}: error: {message}", err=True)
     return typer.Exit(2)
 
 
@@ -72,6 +77,34 @@ def replay(
         typer.echo(json.dumps(payload, indent=2))
     else:
         typer.echo(_table(summaries, config.risk_threshold))
+
+
+@health_app.command("eval")
+def evaluate_cmd(
+    traces: list[Path] = typer.Argument(..., help="CSV traces; <trace>.labels.json beside one adds labels"),
+    thresholds: str = typer.Option(
+        DEFAULT_THRESHOLDS, "--thresholds", help="comma-separated risk thresholds in (0, 1] to measure"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of tables"),
+) -> None:
+    """Measure the risk model on TRACES: recall, precision, false triggers per GPU-day, lead time."""
+    try:
+        levels = parse_thresholds(thresholds)
+        model_config = from_env(RiskConfig)
+    except (ValueError, ConfigError) as exc:
+        raise _fail(str(exc), "eval") from None
+    scored = []
+    try:
+        for path in traces:
+            samples = list(read_trace(path))
+            scored.append(score_trace(path.stem, samples, RiskModel(model_config), read_labels(path)))
+    except (TraceError, LabelError) as exc:
+        raise _fail(str(exc), "eval") from None
+    results = evaluate(scored, levels)
+    if as_json:
+        typer.echo(json.dumps(eval_json(results, [str(p) for p in traces]), indent=2))
+    else:
+        typer.echo(eval_tables(results))
 
 
 def register(app: typer.Typer) -> None:
