@@ -23,6 +23,12 @@ FAILING = {  # trace -> the GPU that fails in it
     "power_oscillation.csv": 2,
     "ecc_nvidia_smi.csv": 3,
 }
+# make_more_traces.py's traces (and labels), which the risk model is not expected to
+# foresee: test_health_eval.py measures them.
+EVAL_ONLY = {
+    "falling_clocks.csv", "job_wide_throttle.csv", "memory_leak_oom.csv", "memory_leak_oom.csv.labels.json",
+    "sudden_fall_off.csv", "sudden_fall_off.csv.labels.json",
+}
 NOT_METRICS = {"timestamp", "node", "gpu", "index", "uuid", "xids"}
 
 
@@ -59,13 +65,14 @@ def failure_row(path):
 def test_traces_are_small_and_reproducible(tmp_path):
     for path in DATA.glob("*.csv"):
         assert path.stat().st_size < 150_000, path
-    committed = {p.name: p.read_bytes() for p in DATA.glob("*.csv")}
-    assert set(FAILING) | {"healthy.csv"} == set(committed)
+    assert sum(p.stat().st_size for p in DATA.glob("*.csv")) < 600_000
+    committed = {p.name: p.read_bytes() for p in DATA.glob("*.csv*")}
+    assert set(FAILING) | {"healthy.csv"} | EVAL_ONLY == set(committed)
     subprocess.run(
         [sys.executable, str(DATA / "make_traces.py"), str(tmp_path)],
         check=True, cwd=ROOT, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
-    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.csv")} == committed
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.csv*")} == committed
     assert failure_row(DATA / "healthy.csv") is None
     assert {name: failure_row(DATA / name)[0] for name in FAILING} == FAILING
 

@@ -26,6 +26,9 @@ Failure modes modelled, after NVIDIA's Xid catalogue and GPU debug guidelines:
   docs/health.md) of a node whose GPU 3 reports uncorrectable ECC errors and then
   falls off the bus (a row of [N/A], then no more rows for it).
 - healthy.csv: three hours, no failure; GPU 4 simply runs ~9 C hotter than the rest.
+
+make_more_traces.py (called by ``main``) adds falling clocks, a memory leak to OOM,
+a sudden fall-off with no warning and a job-wide throttle; its docstring says how.
 """
 
 from __future__ import annotations
@@ -261,6 +264,9 @@ def main(out: Path = HERE) -> None:
     node = Node(seed=5)
     samples = node.run(minutes=60, step_s=60, fault=ecc_nvidia_smi)
     write_nvidia_smi(out / "ecc_nvidia_smi.csv", jitter_ms(samples, node.rng))
+    from make_more_traces import main as more  # it imports this module: no cycle at load
+
+    more(out)
 
 
 if __name__ == "__main__":
