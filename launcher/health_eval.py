@@ -39,10 +39,11 @@ def _round(value: float | None, digits: int = 3) -> float | None:
 
 def eval_tables(results: list[ThresholdResult]) -> str:
     """One row per threshold, then, per threshold, its failures by mode."""
-    lines = [
+    header = (
         f"{'threshold':>9}  {'recall':>11}  {'precision':>15}  {'false/GPU-day':>13}  "
         f"{'median lead':>11}  {'worst lead':>10}"
-    ]
+    )
+    lines = [header]
     for r in results:
         hits = caught(r.outcomes)
         triggers = r.true_triggers + r.false_triggers

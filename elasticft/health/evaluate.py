@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from elasticft.health.risk import REARM_FRACTION, RiskModel
 from elasticft.health.sample import GpuSample
