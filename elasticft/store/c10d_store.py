@@ -1,18 +1,33 @@
 """A c10d ``Store`` on etcd v3, the store that the etcd-v3 rendezvous hands to agents.
 
 torch's agents use it to assign ranks, share the master address and run the exit
-barrier. Blocking reads (``get``, ``wait``) read the key and, if it is absent, watch
-it from the next revision, so they wake as soon as it is written instead of polling.
-Counters (``add``) are compare-and-swap loops on the key's mod_revision.
+barrier. Blocking reads (``get``, ``wait``, ``queue_pop``) read and, if there is nothing
+yet, watch from the next revision, so they wake as soon as it is written instead of
+polling. Counters (``add``, ``append``, ``compare_set``) are compare-and-swap loops on
+the key's mod_revision.
+
+Key layout: the store's keys are ``<prefix><key>``. A queue's items are
+``<prefix without its trailing '/'>.queues/<quoted key>/<uuid>``, ordered by their
+create revision: outside ``<prefix>`` so that, as in torch's TCPStore, queues are not
+keys (``check`` and ``num_keys`` do not see them).
+
+torch reaches a Python store through the pybind trampoline ``PythonStore``, which calls
+Python methods by name: ``getNumKeys`` and ``deleteKey`` (its C++ names, not the
+``num_keys``/``delete_key`` that Python callers use), ``clone``, ``has_extended_api``,
+``multi_get``, ``multi_set``, ``append``. torch 2.13's trampoline forwards no queue
+operation, so behind torch's ``PrefixStore`` the queue calls raise torch's
+NotImplementedError; called on this store directly they work.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from datetime import timedelta
+from urllib.parse import quote
 
-from torch.distributed import DistStoreError, Store
+from torch.distributed import DistStoreError, QueueEmptyError, Store
 
 from elasticft.store.client import EtcdClient
 
@@ -28,24 +43,50 @@ def _as_bytes(value) -> bytes:
 class EtcdStore(Store):
     """c10d Store whose keys live under ``prefix`` in etcd."""
 
-    def __init__(self, client: EtcdClient, prefix: str, timeout: timedelta = timedelta(seconds=600)):
+    def __init__(self, client: EtcdClient, prefix: str, timeout: timedelta = timedelta(seconds=600),
+                 _clones: list | None = None):
         super().__init__()
         self._client = client
         self._prefix = prefix
+        self._queue_root = prefix.rstrip("/") + ".queues/"
+        # pybind forgets a Python store's overrides once its Python object is collected,
+        # and torch's C++ side holds clones without holding their Python objects: every
+        # clone stays referenced here, by the whole family, for as long as the family lives.
+        self._clones = _clones if _clones is not None else []
         self.set_timeout(timeout)
 
     def _key(self, key: str) -> str:
         return self._prefix + key
 
+    def _queue(self, key: str) -> str:
+        return self._queue_root + quote(key, safe="") + "/"
+
+    # -- what torch's trampoline and Python callers use -----------------------------
+
+    def clone(self) -> EtcdStore:
+        """A store on the same client, prefix and timeout, for use from another thread."""
+        twin = EtcdStore(self._client, self._prefix, self.timeout, _clones=self._clones)
+        self._clones.append(twin)
+        return twin
+
+    def has_extended_api(self) -> bool:
+        # multi_get, multi_set and append are implemented here (not torch's per-key
+        # fallbacks), so Gloo may use them when it connects its ranks.
+        return True
+
     def set(self, key: str, value) -> None:
         self._client.put(self._key(key), _as_bytes(value))
 
     def get(self, key: str) -> bytes:
-        self._wait_for([key], self.timeout)
-        found = self._client.get(self._key(key))
-        if found is None:  # deleted between the wait and the read
-            raise LookupError(f"key {key!r} vanished from the etcd store")
-        return found.value
+        return self._wait_for([key], self.timeout)[0]
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return self._wait_for(keys, self.timeout)
+
+    def multi_set(self, keys: list[str], values: list) -> None:
+        if len(keys) != len(values):
+            raise ValueError(f"multi_set got {len(keys)} keys but {len(values)} values")
+        self._client.put_many([(self._key(k), _as_bytes(v)) for k, v in zip(keys, values)])
 
     def add(self, key: str, num: int) -> int:
         full = self._key(key)
@@ -58,6 +99,16 @@ class EtcdStore(Store):
             if ok:
                 return value
 
+    def append(self, key: str, value) -> None:
+        full, tail = self._key(key), _as_bytes(value)
+        while True:
+            current = self._client.get(full)
+            ok, _ = self._client.compare_and_swap(
+                full, current.mod_revision if current else None, (current.value if current else b"") + tail
+            )
+            if ok:
+                return
+
     def compare_set(self, key: str, expected_value, desired_value) -> bytes:
         full = self._key(key)
         expected, desired = _as_bytes(expected_value), _as_bytes(desired_value)
@@ -66,11 +117,11 @@ class EtcdStore(Store):
             if current is None:
                 if expected:  # c10d semantics: an absent key only matches an empty expectation
                     return expected
-                ok, now = self._client.compare_and_swap(full, None, desired)
+                ok, _ = self._client.compare_and_swap(full, None, desired)
             elif current.value != expected:
                 return current.value
             else:
-                ok, now = self._client.compare_and_swap(full, current.mod_revision, desired)
+                ok, _ = self._client.compare_and_swap(full, current.mod_revision, desired)
             if ok:
                 return desired
 
@@ -80,26 +131,68 @@ class EtcdStore(Store):
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
         self._wait_for(keys, timeout if timeout is not None else self.timeout)
 
-    def delete_key(self, key: str) -> bool:
+    def deleteKey(self, key: str) -> bool:  # the name torch's trampoline calls
         return self._client.delete(self._key(key))
 
-    def num_keys(self) -> int:
-        items, _ = self._client.get_prefix(self._prefix)
-        return len(items)
+    def getNumKeys(self) -> int:  # the name torch's trampoline calls
+        return self._client.count_prefix(self._prefix)
 
-    def _wait_for(self, keys: list[str], timeout: timedelta) -> None:
+    def delete_key(self, key: str) -> bool:
+        return self.deleteKey(key)
+
+    def num_keys(self) -> int:
+        """How many keys this store's prefix holds (queues are not keys)."""
+        return self.getNumKeys()
+
+    # -- queues ----------------------------------------------------------------------
+
+    def queue_push(self, key: str, value) -> None:
+        # A fresh key per item: its create revision gives the FIFO order, with no counter to race on.
+        self._client.put(self._queue(key) + uuid.uuid4().hex, _as_bytes(value))
+
+    def queue_len(self, key: str) -> int:
+        return self._client.count_prefix(self._queue(key))
+
+    def queue_pop(self, key: str, block: bool = True) -> bytes:
+        """Take the oldest item of queue ``key``; wait up to the store timeout if ``block``."""
+        queue, timeout = self._queue(key), self.timeout
         deadline = time.monotonic() + timeout.total_seconds()
+        while True:
+            head, revision = self._client.first_created(queue)
+            if head is not None:
+                # Of two poppers that read the same head only one deletes it; the other reads the next.
+                if self._client.delete_if_unchanged(head.key, head.mod_revision):
+                    return head.value
+                continue
+            if not block:
+                raise QueueEmptyError(f"queue {key!r} of the etcd store is empty")
+            self._await_change(queue, revision, deadline, f"timed out after {timeout} waiting for an item "
+                                                          f"in queue {key!r} of the etcd store")
+
+    # -- waiting ---------------------------------------------------------------------
+
+    def _wait_for(self, keys: list[str], timeout: timedelta) -> list[bytes]:
+        """The values of ``keys``, waiting for each until ``timeout`` has passed in all."""
+        deadline = time.monotonic() + timeout.total_seconds()
+        values = []
         for key in keys:
             full = self._key(key)
             while True:
                 found, revision = self._client.get_with_revision(full)
                 if found is not None:
+                    values.append(found.value)
                     break
-                changed = threading.Event()
-                cancel = self._client.watch_prefix(full, lambda _events: changed.set(), start_revision=revision + 1)
-                try:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0 or not changed.wait(remaining):
-                        raise DistStoreError(f"timed out after {timeout} waiting for key {key!r} in the etcd store")
-                finally:
-                    cancel()
+                self._await_change(full, revision, deadline,
+                                   f"timed out after {timeout} waiting for key {key!r} in the etcd store")
+        return values
+
+    def _await_change(self, prefix: str, revision: int, deadline: float, timeout_message: str) -> None:
+        """Return once anything under ``prefix`` changes after ``revision``; DistStoreError at ``deadline``."""
+        changed = threading.Event()
+        cancel = self._client.watch_prefix(prefix, lambda _events: changed.set(), start_revision=revision + 1)
+        try:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not changed.wait(remaining):
+                raise DistStoreError(timeout_message)
+        finally:
+            cancel()

@@ -80,6 +80,9 @@ class WatchEvent:
 # etcd would be dead for five minutes after one lost request. Try it again after this.
 FAILED_ENDPOINT_RETRY = 1.0
 
+# etcd refuses a transaction of more operations than its --max-txn-ops (128 by default).
+MAX_TXN_OPS = 128
+
 _UNAVAILABLE = (
     etcd_exceptions.ConnectionFailedError,
     etcd_exceptions.ConnectionTimeoutError,
@@ -189,6 +192,20 @@ class EtcdClient:
         items = [KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease) for kv in response.kvs]
         return items, response.header.revision
 
+    def count_prefix(self, prefix: str) -> int:
+        """How many keys lie under ``prefix`` (etcd counts them; no values travel)."""
+        return self._call(lambda c: c.get_prefix_response(prefix, count_only=True)).count
+
+    def first_created(self, prefix: str) -> tuple[KeyValue | None, int]:
+        """The oldest key under ``prefix`` by create revision (or None), and the store revision read at."""
+        response = self._call(
+            lambda c: c.get_prefix_response(prefix, limit=1, sort_order="ascend", sort_target="create")
+        )
+        if not response.kvs:
+            return None, response.header.revision
+        kv = response.kvs[0]
+        return KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease), response.header.revision
+
     def revision(self) -> int:
         def read(c):
             response = c.get_response("/eft-revision")
@@ -240,6 +257,29 @@ class EtcdClient:
                 return ok, None
             v, meta = items[0]
             return ok, KeyValue(key, v, meta.mod_revision, meta.lease_id)
+
+        return self._call(txn)
+
+    def put_many(self, items: list[tuple[str, bytes | str]]) -> None:
+        """Write every (key, value), in transactions of at most MAX_TXN_OPS puts, in order."""
+        for start in range(0, len(items), MAX_TXN_OPS):
+            batch = items[start:start + MAX_TXN_OPS]
+            self._call(
+                lambda c, batch=batch: c.transaction(
+                    compare=[], success=[c.transactions.put(k, v) for k, v in batch], failure=[]
+                )
+            )
+
+    def delete_if_unchanged(self, key: str, mod_revision: int) -> bool:
+        """Delete ``key`` only if its mod_revision is still ``mod_revision``; True if this call deleted it."""
+
+        def txn(c):
+            ok, _ = c.transaction(
+                compare=[c.transactions.mod(key) == mod_revision],
+                success=[c.transactions.delete(key)],
+                failure=[],
+            )
+            return ok
 
         return self._call(txn)
 
