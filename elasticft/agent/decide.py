@@ -25,16 +25,13 @@ class Verdict(enum.Enum):
     RESTART = "restart"  # restart through a new rendezvous now, not charged; report healthy
 
 
-class RestartReason(str, enum.Enum):
+class RestartReason(enum.StrEnum):
     """The ``reason`` of a ``restart`` event."""
 
     WORKER_FAILED = "worker_failed"  # a worker exited with an error (torch's restart, charged)
     MEMBERSHIP = "membership"  # a node was lost, or nodes wait to join (not charged)
     HANG = "hang"  # a rank overran its section timeout (charged)
     SIGNAL_SAVE = "signal_save"  # workers saved and exited because the agent asked (not charged)
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -27,16 +27,13 @@ from dataclasses import dataclass
 from elasticft.knobs import ConfigError, flag_name
 
 
-class FaultKind(str, enum.Enum):
+class FaultKind(enum.StrEnum):
     """What an injected fault does (the module's docstring says how)."""
 
     GPU_DEGRADE = "gpu_degrade"
     RANK_KILLED = "rank_killed"
     RANK_HUNG = "rank_hung"
     NODE_LOST = "node_lost"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 KINDS = tuple(kind.value for kind in FaultKind)

@@ -22,15 +22,12 @@ from elasticft import __version__
 log = logging.getLogger(__name__)
 
 
-class NodeState(str, enum.Enum):
+class NodeState(enum.StrEnum):
     """What a node's record says about it; a deleted record not ``EXITED`` is a lost node."""
 
     RUNNING = "running"
     EXITED = "exited"  # left cleanly after its workers finished
     EXCLUDED = "excluded"  # leaving the job as a straggler (--eft-straggler-action exclude)
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass
@@ -102,16 +99,13 @@ def apply_node_events(records: dict[str, NodeRecord], prefix: str, events: Itera
     return lost
 
 
-class RequestReason(str, enum.Enum):
+class RequestReason(enum.StrEnum):
     """Why a checkpoint request was made (``ckpt/request``'s ``reason``)."""
 
     RISK = "risk"  # a GPU's risk score crossed the threshold; the gap rule may skip it
     MANUAL = "manual"  # ``eft ckpt save`` or the save switch
     SIGNAL = "signal"  # a preemption signal reached an agent
     WATCHDOG = "watchdog"  # host or GPU memory about to run out
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -26,25 +26,19 @@ DEGRADE_MARKER = "inject-gpu-degrade"  # holds the local rank whose GPU an injec
 FIRED_PREFIX = "inject-fired-"  # + a fault's name: that fault fired already on this node
 
 
-class WorkerEnv(str, enum.Enum):
+class WorkerEnv(enum.StrEnum):
     """Variables the agent sets for its workers (beside torchrun's and the ``EFT_*`` knobs)."""
 
     RUN_DIR = "EFT_RUN_DIR"  # the run directory; unset: not under eft-run, the hook is inert
     START_TIME = "EFT_START_TIME"  # the job's start (the first agent's clock), for exit-duration
     INJECT = "EFT_INJECT"  # faults to inject (``--eft-inject``)
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class OutboxKind(str, enum.Enum):
+class OutboxKind(enum.StrEnum):
     """The ``type`` of a message rank 0 leaves in the outbox."""
 
     ACK = "ack"  # a checkpoint is complete: iteration, path, seconds, request_id, exit
     FILTERED = "filtered"  # the gap rule skipped a risk request: request_id, iteration, why
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def write_atomically(path: str | os.PathLike, text: str, *, durable: bool = False) -> None:
