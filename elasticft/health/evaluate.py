@@ -23,7 +23,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from elasticft.health.risk import REARM_FRACTION, RiskModel
+from elasticft.health.risk import RiskModel, crossing
 from elasticft.health.sample import GpuSample
 from elasticft.health.trace import batches
 
@@ -118,12 +118,9 @@ def crossings(series: Iterable[tuple[float, float]], threshold: float) -> list[f
     """Times at which the score crosses ``threshold``, re-arming as ``RiskModel`` does."""
     times, armed = [], True
     for t, score in series:
-        if score >= threshold - 1e-9:  # the same tolerance as RiskScore.triggered
-            if armed:
-                times.append(t)
-            armed = False
-        elif score < threshold * REARM_FRACTION:
-            armed = True
+        _, crossed, armed = crossing(score, threshold, armed)
+        if crossed:
+            times.append(t)
     return times
 
 

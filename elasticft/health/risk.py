@@ -51,6 +51,18 @@ RISE_START, RISE_SPAN = 0.25, 1.0  # C/minute faster than the peers' median
 REARM_FRACTION = 0.8
 
 
+def crossing(score: float, threshold: float, armed: bool) -> tuple[bool, bool, bool]:
+    """(triggered, crossed, armed afterwards) for one score of one GPU.
+
+    A score at the threshold triggers; it is a crossing only if the GPU was armed, and
+    the GPU is armed again once its score falls below REARM_FRACTION of the threshold.
+    The model and ``evaluate.crossings`` (a threshold sweep over kept scores) share it.
+    """
+    if score >= threshold - 1e-9:
+        return True, armed, False
+    return False, False, armed or score < threshold * REARM_FRACTION
+
+
 @dataclass
 class GpuHistory:
     """What the model remembers about one GPU."""
@@ -292,13 +304,8 @@ class RiskModel:
         dominant = max(contributions, key=contributions.get) if contributions else None
         if critical:
             dominant = "errors"
-        triggered = score >= self.threshold - 1e-9
         history = self.history[s.key]
-        crossed = triggered and history.armed
-        if crossed:
-            history.armed = False
-        elif score < self.threshold * REARM_FRACTION:
-            history.armed = True
+        triggered, crossed, history.armed = crossing(score, self.threshold, history.armed)
         return RiskScore(
             node=s.node,
             gpu=s.gpu,
