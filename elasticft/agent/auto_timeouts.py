@@ -148,15 +148,13 @@ class SectionTimeouts:
 
     def _merge_into_etcd(self) -> dict[str, float]:
         key = self._keys.timeouts
-        current, _ = self._client.get_with_revision(key)
-        while True:
-            merged = merge_longest(self.longest, _parse(current.value, key) if current is not None else {})
-            self.longest = merged
-            swapped, now = self._client.compare_and_swap(
-                key, current.mod_revision if current is not None else None, self._record())
-            if swapped:
-                return merged
-            current = now
+
+        def merged(stored: bytes | None) -> str:
+            self.longest = merge_longest(self.longest, _parse(stored, key) if stored is not None else {})
+            return self._record()
+
+        self._client.update(key, merged)
+        return self.longest
 
     def _record(self) -> str:
         return json.dumps({"longest": self.longest, "factor": self.factor, "timeouts": self.current,

@@ -3,8 +3,8 @@
 torch's agents use it to assign ranks, share the master address and run the exit
 barrier. Blocking reads (``get``, ``wait``, ``queue_pop``) read and, if there is nothing
 yet, watch from the next revision, so they wake as soon as it is written instead of
-polling. Counters (``add``, ``append``, ``compare_set``) are compare-and-swap loops on
-the key's mod_revision.
+polling. ``add`` and ``append`` are the client's read-modify-write (a compare-and-swap
+on the key's mod_revision); ``compare_set`` is its own compare-and-swap loop.
 
 Key layout: the store's keys are ``<prefix><key>``. A queue's items are
 ``<prefix without its trailing '/'>.queues/<quoted key>/<uuid>``, ordered by their
@@ -89,25 +89,12 @@ class EtcdStore(Store):
         self._client.put_many([(self._key(k), _as_bytes(v)) for k, v in zip(keys, values)])
 
     def add(self, key: str, num: int) -> int:
-        full = self._key(key)
-        while True:
-            current = self._client.get(full)
-            value = int(current.value) + num if current else num
-            ok, _ = self._client.compare_and_swap(
-                full, current.mod_revision if current else None, str(value).encode()
-            )
-            if ok:
-                return value
+        total = self._client.update(self._key(key), lambda old: str(int(old) + num if old else num).encode())
+        return int(total)
 
     def append(self, key: str, value) -> None:
-        full, tail = self._key(key), _as_bytes(value)
-        while True:
-            current = self._client.get(full)
-            ok, _ = self._client.compare_and_swap(
-                full, current.mod_revision if current else None, (current.value if current else b"") + tail
-            )
-            if ok:
-                return
+        tail = _as_bytes(value)
+        self._client.update(self._key(key), lambda old: (old or b"") + tail)
 
     def compare_set(self, key: str, expected_value, desired_value) -> bytes:
         full = self._key(key)

@@ -260,6 +260,17 @@ class EtcdClient:
 
         return self._call(txn)
 
+    def update(self, key: str, change: Callable[[bytes | None], bytes | str]) -> bytes | str:
+        """Read-modify-write ``key`` atomically: ``change(current value or None)`` is written
+        with a compare-and-swap, retried from what the key holds after a lost race."""
+        current = self.get(key)
+        while True:
+            value = change(current.value if current is not None else None)
+            swapped, now = self.compare_and_swap(key, current.mod_revision if current is not None else None, value)
+            if swapped:
+                return value
+            current = now
+
     def put_many(self, items: list[tuple[str, bytes | str]]) -> None:
         """Write every (key, value), in transactions of at most MAX_TXN_OPS puts, in order."""
         for start in range(0, len(items), MAX_TXN_OPS):
