@@ -24,7 +24,6 @@ from elasticft.knobs import (  # noqa: F401 - re-exported: the config API in one
     signal_number,
 )
 
-
 # A lease shorter than this expires on a busy host whose keep-alive is a little late:
 # the node would be taken for lost while it is fine. --rdzv-conf lease_ttl obeys it too.
 MIN_LEASE_TTL = 1.0

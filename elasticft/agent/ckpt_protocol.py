@@ -59,9 +59,10 @@ class CheckpointProtocol:
         self, reason: str, requester: str, *, exit: bool = False, risk: float | None = None
     ) -> tuple[CheckpointRequest, bool]:
         """Ask every rank to save; returns (the request in force, whether this call made it)."""
-        if reason not in {r.value for r in RequestReason}:
-            raise ValueError(f"reason must be one of {', '.join(r.value for r in RequestReason)}, got {reason!r}")
-        reason = RequestReason(reason)
+        try:
+            reason = RequestReason(reason)
+        except ValueError:
+            raise ValueError(f"reason must be one of {', '.join(RequestReason)}, got {reason!r}") from None
         while True:
             found = self._client.get(self._keys.ckpt_request)
             if found is not None:

@@ -29,7 +29,7 @@ import urllib.request
 from typing import Callable
 
 from elasticft.config import Sink
-from elasticft.contract.events import EventKind, describe, should_notify  # noqa: F401 - should_notify: the notifier's rule
+from elasticft.contract.events import EventKind, describe, should_notify
 
 log = logging.getLogger(__name__)
 

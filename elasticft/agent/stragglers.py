@@ -227,8 +227,8 @@ class StragglerMonitor(PeriodicTask):
     """The agent's straggler thread; ``check_once`` is one round (tests call it directly).
 
     ``ctx`` is the node's handle on the run (its steps record goes there, under its
-    lease; events go to its log); ``set_risk(node, gpu, factor)`` feeds the GPU's straggler factor to the risk model;
-    ``gpu_of(local_rank)`` names the GPU a local rank runs on; ``world_size()`` is the
+    lease; events go to its log); ``set_risk(node, gpu, factor)`` feeds the GPU's
+    straggler factor to the risk model; ``gpu_of(local_rank)`` names the GPU a local rank runs on; ``world_size()`` is the
     number of ranks in the current round (None: unknown, score what is there).
     """
 
@@ -273,10 +273,9 @@ class StragglerMonitor(PeriodicTask):
 
     def check_once(self) -> list[StragglerScore]:
         """Publish, read and score once; returns this node's scores (stragglers flagged)."""
-        now = self._clock()
-        beats = {lr: b for lr, b in read_progress(self._ctx.run_dir).items() if self._alive(b.pid)}
+        ctx, now = self._ctx, self._clock()
+        beats = {lr: b for lr, b in read_progress(ctx.run_dir).items() if self._alive(b.pid)}
         own = rank_steps(self.node_id, beats, self._gpu_of)
-        ctx = self._ctx
         ctx.client.put(ctx.keys.steps(self.node_id), steps_record(self.node_id, own, now), lease=ctx.lease)
         items, _ = ctx.client.get_prefix(ctx.keys.all_steps)
         max_age = STALE_INTERVALS * self.config.straggler_interval

@@ -16,6 +16,8 @@ from __future__ import annotations
 import enum
 from typing import Any, Callable
 
+from elasticft.contract.records import RequestReason
+
 
 class EventKind(enum.StrEnum):
     """One member per kind; the comment above each says what it means and its fields
@@ -78,7 +80,7 @@ def should_notify(event: dict) -> bool:
     if not isinstance(kind, str) or kind not in NOTIFIED_KINDS:
         return False
     # A manual, signal or watchdog request is someone's own doing (a watchdog trip is notified by itself).
-    return kind != EventKind.CKPT_REQUEST or event.get("reason") == "risk"
+    return kind != EventKind.CKPT_REQUEST or event.get("reason") == RequestReason.RISK
 
 
 class _Fields:
