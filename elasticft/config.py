@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 
 from elasticft.contract.progress import SECTIONS
@@ -189,6 +190,10 @@ class CheckpointConfig:
 
     def signals(self) -> list[int]:
         return [signal_number(name, "exit_signals") for name in self.exit_signals.split(",") if name.strip()]
+
+    def kill_switch_present(self) -> bool:
+        """The kill switch file exists: save and exit (a job starting with it does not start)."""
+        return bool(self.kill_switch) and os.path.exists(self.kill_switch)
 
 
 @dataclass

@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = Settings.from_args(args)
         parse_faults(settings.ft.inject)  # a malformed --eft-inject fails here, in one line
-        if settings.ckpt.kill_switch and os.path.exists(settings.ckpt.kill_switch):
+        if settings.ckpt.kill_switch_present():
             # A queued job (e.g. a SLURM array) burns through at once instead of working.
             print(f"eft-run: kill switch {settings.ckpt.kill_switch} is present; not starting", file=sys.stderr)
             return

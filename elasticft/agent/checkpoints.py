@@ -42,9 +42,6 @@ class CheckpointCoordinator:
         self.restart_after_signal_save = False
         self._previous_handlers: dict[int, object] = {}
 
-    def kill_switch_present(self) -> bool:
-        return bool(self.config.kill_switch) and os.path.exists(self.config.kill_switch)
-
     def worker_environment(self, client: EtcdClient | None, keys: RunKeys | None) -> dict[str, str]:
         """The variables the worker hook reads."""
         return {

@@ -127,7 +127,7 @@ class Hook:
         if self.inert:
             return
         self.config = from_env(CheckpointConfig)
-        if self.config.kill_switch and os.path.exists(self.config.kill_switch):
+        if self.config.kill_switch_present():
             log.warning("kill switch %s exists: exiting before training starts", self.config.kill_switch)
             raise SystemExit(0)
         self._group = group
@@ -261,7 +261,7 @@ class Hook:
         vote[HONOURED if why is None else FILTERED] = request_hash(request.id)
 
     def _want_switches(self, vote: list[int]) -> None:
-        if self.config.kill_switch and os.path.exists(self.config.kill_switch):
+        if self.config.kill_switch_present():
             self._want(vote, "kill_switch", exit=True)
         # Checked even beside the kill switch: a save switch left behind would make the
         # next run save at its first step.
