@@ -52,7 +52,7 @@ class NodeRecord:
         self.state = NodeState(self.state)
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self), "state": self.state.value})
+        return json.dumps(asdict(self))  # a StrEnum state is written as its value
 
     @classmethod
     def from_json(cls, data: bytes | str) -> "NodeRecord":
