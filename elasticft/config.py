@@ -8,7 +8,6 @@ new dataclass here and one field in ``elasticft.settings.Settings``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 
@@ -24,6 +23,7 @@ from elasticft.knobs import (  # noqa: F401 - re-exported: the config API in one
     knob,
     signal_number,
 )
+from elasticft.sinks import SINK_KINDS, Sink, parse_sinks  # noqa: F401 - re-exported with the config
 
 # A lease shorter than this expires on a busy host whose keep-alive is a little late:
 # the node would be taken for lost while it is fine. --rdzv-conf lease_ttl obeys it too.
@@ -255,49 +255,6 @@ class NotifyConfig:
         return parse_sinks(self.notify)
 
 
-SINK_KINDS = ("webhook", "command", "file")
-
-
-@dataclass(frozen=True)
-class Sink:
-    kind: str  # webhook, command or file
-    target: str
-
-    def __str__(self) -> str:
-        if self.kind == "webhook":  # the path of a chat webhook is its secret: name the host only
-            scheme, _, rest = self.target.partition("://")
-            return f"webhook:{scheme}://{rest.split('/', 1)[0]}/..."
-        return f"{self.kind}:{self.target}"
-
-
-def parse_sinks(spec: str) -> list[Sink]:
-    """``--eft-notify``'s value: empty, one ``KIND:TARGET`` or a JSON list of them."""
-    spec = spec.strip()
-    if not spec:
-        return []
-    if spec.startswith("["):
-        try:
-            items = json.loads(spec)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{flag_name('notify')}: not a JSON list of sinks: {exc}") from None
-        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise ConfigError(f"{flag_name('notify')}: expected a JSON list of \"KIND:TARGET\" strings")
-    else:
-        items = [spec]
-    sinks = []
-    for item in items:
-        kind, sep, target = item.partition(":")
-        kind = kind.strip()
-        if not sep or kind not in SINK_KINDS or not target.strip():
-            raise ConfigError(
-                f"{flag_name('notify')}: expected KIND:TARGET with KIND one of {', '.join(SINK_KINDS)}, got {item!r}"
-            )
-        if kind == "webhook" and not target.startswith(("http://", "https://")):
-            raise ConfigError(f"{flag_name('notify')}: a webhook needs an http(s) URL, got {target!r}")
-        sinks.append(Sink(kind, target.strip()))
-    return sinks
-
-
 DEFAULT_TIMEOUTS = {"setup": 600.0, "step": 180.0, "checkpointing": 420.0, "other": 300.0}
 
 
@@ -382,3 +339,56 @@ class StragglerConfig:
             raise ConfigError(
                 f"{flag_name('straggler_action')}: expected report or exclude, got {self.straggler_action!r}"
             )
+
+
+@dataclass
+class MemoryConfig:
+    """The memory checkpoint tier (docs/memory-checkpoints.md): snapshots in host memory, replicated to peers."""
+
+    mem_ckpt_interval: int = knob(0, "take a memory checkpoint every this many iterations (0: off)")
+    mem_ckpt_replicas: int = knob(1, "other nodes that keep a copy of each node's memory checkpoint")
+    mem_ckpt_budget_gb: float = knob(
+        0.0, "host memory (GB) this node's memory checkpoints and replicas may use; over it the tier pauses "
+        "(0: a quarter of the host's memory)")
+    mem_ckpt_dir: str = knob("/dev/shm/eft", "directory in host memory (tmpfs) for memory checkpoints")
+    mem_ckpt_port: int = knob(0, "TCP port of this node's checkpoint server, for replicas and restores (0: any free)")
+    node_label: str = knob("", "this node's labels, KEY=VALUE,... (e.g. rack=r12): replicas go to other failure domains")
+    mem_ckpt_domain: str = knob("", "the label key that names a node's failure domain (default: all its labels)")
+
+    def __post_init__(self) -> None:
+        for name in ("mem_ckpt_interval", "mem_ckpt_replicas", "mem_ckpt_port"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{flag_name(name)}: expected >= 0, got {getattr(self, name)}")
+        if self.mem_ckpt_budget_gb < 0:
+            raise ConfigError(f"{flag_name('mem_ckpt_budget_gb')}: expected GB >= 0, got {self.mem_ckpt_budget_gb}")
+        labels = self.labels()
+        if self.mem_ckpt_domain and self.mem_ckpt_domain not in labels:
+            have = ", ".join(labels) or "none"
+            raise ConfigError(f"{flag_name('mem_ckpt_domain')}: this node has no label {self.mem_ckpt_domain!r} "
+                              f"in {flag_name('node_label')} (its labels: {have})")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mem_ckpt_interval > 0
+
+    def labels(self) -> dict[str, str]:
+        """``--eft-node-label`` as a dict; a malformed item raises ConfigError."""
+        labels = {}
+        for item in filter(None, (i.strip() for i in self.node_label.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip() or not value.strip():
+                raise ConfigError(f"{flag_name('node_label')}: expected KEY=VALUE[,KEY=VALUE...], got {item!r}")
+            labels[key.strip()] = value.strip()
+        return labels
+
+    def domain(self) -> str:
+        """This node's failure domain: the value of the domain label, or all labels; "" without labels."""
+        labels = self.labels()
+        if self.mem_ckpt_domain:
+            return labels[self.mem_ckpt_domain]
+        return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+    def budget_bytes(self) -> int:
+        if self.mem_ckpt_budget_gb > 0:
+            return int(self.mem_ckpt_budget_gb * 1e9)
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4

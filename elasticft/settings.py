@@ -15,6 +15,7 @@ from elasticft.config import (
     FTConfig,
     HangConfig,
     HealthConfig,
+    MemoryConfig,
     NotifyConfig,
     PlannerConfig,
     RiskConfig,
@@ -43,6 +44,7 @@ class Settings:
         WatchdogConfig, "eft watchdogs (checkpoint storage, host and GPU memory, silence)")
     notify: NotifyConfig = _concern(NotifyConfig, "eft notifications")
     straggler: StragglerConfig = _concern(StragglerConfig, "eft straggler detection")
+    memory: MemoryConfig = _concern(MemoryConfig, "eft memory checkpoints (host memory, replicated to peers)")
 
     @classmethod
     def add_arguments(cls, parser) -> None:

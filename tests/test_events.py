@@ -19,7 +19,8 @@ WIRE = {
     "NODE_EXCLUDED": "node_excluded", "LAYOUT": "layout", "RESTART": "restart", "CKPT_REQUEST": "ckpt_request",
     "CKPT_REQUEST_JOINED": "ckpt_request_joined", "CKPT_SAVED": "ckpt_saved", "CKPT_FILTERED": "ckpt_filtered",
     "WATCHDOG": "watchdog", "HANG": "hang", "STRAGGLER": "straggler", "JOB_FINISHED": "job_finished",
-    "JOB_FAILED": "job_failed", "NOTIFY_SUPPRESSED": "notify_suppressed",
+    "JOB_FAILED": "job_failed", "NOTIFY_SUPPRESSED": "notify_suppressed", "CKPT_RESTORED": "ckpt_restored",
+    "MEM_CKPT_FALLBACK": "mem_ckpt_fallback", "MEM_CKPT_PAUSED": "mem_ckpt_paused",
 }
 
 # One event of each kind with the fields its writer records (values as the writers make them).
@@ -47,6 +48,12 @@ SAMPLES = {
     EventKind.JOB_FINISHED: {},
     EventKind.JOB_FAILED: {"state": "FAILED", "stopped_by": "SignalException"},
     EventKind.NOTIFY_SUPPRESSED: {"counts": {"watchdog": 2}},
+    EventKind.CKPT_RESTORED: {"iteration": 41, "source": "memory", "path": "/dev/shm/eft/r/n0/restore/iter_0000041",
+                              "reached": 42, "redone": 1},
+    EventKind.MEM_CKPT_FALLBACK: {"iteration": 42, "why": "checksum of __2_0.distcp from n1 does not match",
+                                  "then": "iteration 41 from memory"},
+    EventKind.MEM_CKPT_PAUSED: {"paused": True, "used_bytes": 10, "budget_bytes": 8,
+                                "why": "10 B in use, budget 8 B"},
 }
 
 
@@ -114,7 +121,8 @@ def test_the_notified_set_is_what_the_notifier_sends(tmp_path):
     assert NOTIFIED_KINDS == {
         EventKind.NODE_LOST, EventKind.NODE_LEFT, EventKind.LAYOUT, EventKind.CKPT_REQUEST, EventKind.CKPT_SAVED,
         EventKind.CKPT_FILTERED, EventKind.WATCHDOG, EventKind.HANG, EventKind.RESTART, EventKind.STRAGGLER,
-        EventKind.NODE_EXCLUDED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED,
+        EventKind.NODE_EXCLUDED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED, EventKind.MEM_CKPT_FALLBACK,
+        EventKind.MEM_CKPT_PAUSED,
     }
     out = tmp_path / "sent.jsonl"
     notifier = Notifier([Sink("file", str(out))], rate_limit=0)

@@ -50,6 +50,13 @@ class EventKind(enum.StrEnum):
     # A rank steps slowly; rank, node, local_rank, gpu, step_time, job_median, best, relative, individual,
     # relative_threshold, individual_threshold, action.
     STRAGGLER = "straggler"
+    # The workers resumed; iteration (None: from scratch), source (memory, disk or none), path, reached
+    # (the highest iteration before the restart, None: unknown), redone (iterations trained again).
+    CKPT_RESTORED = "ckpt_restored"
+    # A memory checkpoint could not be used; iteration, why, then (what the restore falls back to).
+    MEM_CKPT_FALLBACK = "mem_ckpt_fallback"
+    # The memory tier paused or went on; paused (bool), used_bytes, budget_bytes, why.
+    MEM_CKPT_PAUSED = "mem_ckpt_paused"
     # The job ended cleanly (recorded by group rank 0 only); no fields.
     JOB_FINISHED = "job_finished"
     # The source's agent stopped without a clean end; state (its workers'), stopped_by (None: not by an exception).
@@ -66,7 +73,8 @@ class EventKind(enum.StrEnum):
 NOTIFIED_KINDS = frozenset({
     EventKind.NODE_LOST, EventKind.NODE_LEFT, EventKind.LAYOUT, EventKind.CKPT_REQUEST, EventKind.CKPT_SAVED,
     EventKind.CKPT_FILTERED, EventKind.WATCHDOG, EventKind.HANG, EventKind.RESTART, EventKind.STRAGGLER,
-    EventKind.NODE_EXCLUDED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED,
+    EventKind.NODE_EXCLUDED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED, EventKind.MEM_CKPT_FALLBACK,
+    EventKind.MEM_CKPT_PAUSED,
 })
 
 # Every event's own fields (time, source), and what the notifier adds (run, suppressed):
@@ -160,6 +168,13 @@ _LINES: dict[EventKind, Callable[[_Fields], str]] = {
         f"rank {f['rank']} on {f['node']} (GPU {f['gpu']}) is a straggler: "
         f"step {f.num('step_time', '.3f')} s vs the job's median {f.num('job_median', '.3f')} s "
         f"(relative {f.num('relative')}, individual {f.num('individual')})"),
+    EventKind.CKPT_RESTORED: lambda f: (
+        f"workers resumed from iteration {f['iteration']} ({f['source']}" + f.part(", {}", "path") + ")"
+        + f.part("; {} iteration(s) re-done", "redone")),
+    EventKind.MEM_CKPT_FALLBACK: lambda f: (
+        f"memory checkpoint of iteration {f['iteration']} unusable ({f['why']}); falling back to {f['then']}"),
+    EventKind.MEM_CKPT_PAUSED: lambda f: (
+        ("memory checkpoints paused: " if f.event.get("paused") else "memory checkpoints resumed: ") + f['why']),
     EventKind.JOB_FINISHED: lambda f: "job finished",
     EventKind.JOB_FAILED: lambda f: f"job failed (workers {f['state']})" + f.part(", stopped by {}", "stopped_by"),
     EventKind.NOTIFY_SUPPRESSED: lambda f: _suppressed_counts(f.event),

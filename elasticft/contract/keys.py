@@ -69,6 +69,11 @@ class RunKeys:
         return self.root + "ckpt/latest"
 
     @property
+    def mem_parts(self) -> str:
+        """Prefix of the memory checkpoint index: ``<node>/<iteration>`` -> ``contract.memory.MemPart``."""
+        return self.root + "mem/parts/"
+
+    @property
     def layout(self) -> str:
         return self.root + "layout"
 

@@ -5,7 +5,9 @@ makes a node-local directory and names it to its workers in ``EFT_RUN_DIR``; bot
 sides take every name below from here, so neither spells the other's files:
 
 * ``request.json``: the open checkpoint request, written by the agent;
-* ``outbox/*.json``: rank 0's messages to its agent (an ``OutboxKind`` each);
+* ``outbox/*.json``: rank 0's (and, for the memory tier, local rank 0's) messages to its agent
+  (an ``OutboxKind`` each);
+* ``mem-restore.json``, ``mem-paused``: the memory tier's (``elasticft.contract.memory``);
 * ``progress/<local rank>.json``: each rank's heartbeat (``elasticft.contract.progress``);
 * ``inject-*``: markers of injected faults (``elasticft.contract.faults``).
 
@@ -32,6 +34,7 @@ class WorkerEnv(enum.StrEnum):
     RUN_DIR = "EFT_RUN_DIR"  # the run directory; unset: not under eft-run, the hook is inert
     START_TIME = "EFT_START_TIME"  # the job's start (the first agent's clock), for exit-duration
     INJECT = "EFT_INJECT"  # faults to inject (``--eft-inject``)
+    MEM_DIR = "EFT_MEM_CKPT_WRITE_DIR"  # where this generation's memory snapshots go (``contract.memory``)
 
 
 class OutboxKind(enum.StrEnum):
@@ -39,6 +42,8 @@ class OutboxKind(enum.StrEnum):
 
     ACK = "ack"  # a checkpoint is complete: iteration, path, seconds, request_id, exit
     FILTERED = "filtered"  # the gap rule skipped a risk request: request_id, iteration, why
+    MEM_SAVED = "mem_saved"  # local rank 0: every rank finished the memory snapshot of iteration; path
+    RESTORED = "restored"  # local rank 0: the workers resumed; iteration (None: from scratch), source, path
 
 
 def write_atomically(path: str | os.PathLike, text: str, *, durable: bool = False) -> None:

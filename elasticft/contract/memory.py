@@ -1,0 +1,124 @@
+"""The memory checkpoint tier as every side sees it: node directories, the etcd index, files.
+
+One memory checkpoint is a megatron-core ``torch_dist`` checkpoint whose files are spread
+over the nodes that wrote it: every rank writes its ``__<rank>_0.distcp`` into its own
+node's directory, and global rank 0 also writes the checkpoint-wide files (``.metadata``,
+``common.pt``, ``metadata.json``). A node's share of one iteration is a **part**. The node
+agent owns the node directory (tmpfs: it outlives the workers), checksums each part,
+publishes it to etcd and pushes copies (**replicas**) to other nodes' agents. At a restart
+every agent assembles the newest iteration that the survivors can complete into one
+directory, and the workers load it with ``dist_checkpointing.load`` at the new layout.
+
+    <node dir>/own/g<generation>/iter_0000012/   this node's part, written by its workers
+    <node dir>/held/<origin node>/iter_0000012/  replicas of other nodes' parts
+    <node dir>/restore/iter_0000012/             the whole checkpoint, assembled for a restart
+
+``<node dir>`` is ``<--eft-mem-ckpt-dir>/<run id>/<node id>``. A worker generation (each
+start of the workers) writes into a fresh ``g<n>``: a snapshot never lands on files of an
+abandoned timeline.
+
+etcd holds only the index: ``mem/parts/<node>/<iteration>`` (``MemPart``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+# Files of a torch_dist checkpoint that global rank 0 writes once for the whole checkpoint.
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of every shard
+GLOBAL_FILES = (DCP_METADATA, "common.pt", "metadata.json")
+
+OWN_DIR = "own"
+HELD_DIR = "held"
+RESTORE_DIR = "restore"
+
+# Run-directory files (beside elasticft.contract.run_dir's).
+RESTORE_FILE = "mem-restore.json"  # agent -> workers: what was assembled for this start
+PAUSE_MARKER = "mem-paused"  # agent -> workers: over budget, take no memory snapshots
+
+CHECKSUM_HEADER = "X-EFT-CRC32"
+RUN_HEADER = "X-EFT-Run"  # a request naming another run is refused
+
+
+def generation_dir(generation: int) -> str:
+    return f"g{generation}"
+
+
+def part_key(prefix: str, node_id: str, iteration: int) -> str:
+    """``prefix`` is ``RunKeys.mem_parts``; zero-padded so keys sort by iteration."""
+    return f"{prefix}{node_id}/{iteration:010d}"
+
+
+def part_of_key(key: str) -> tuple[str, int] | None:
+    """(node, iteration) of a part key's last two components, or None."""
+    pieces = key.rstrip("/").split("/")
+    if len(pieces) < 2 or not pieces[-1].isdigit():
+        return None
+    return pieces[-2], int(pieces[-1])
+
+
+@dataclass
+class MemPart:
+    """One node's share of one memory checkpoint, as published in etcd.
+
+    ``files`` maps a file name to ``[size, crc32]``; ``holders`` are the nodes that keep a
+    verified copy (the origin first, then its replicas); ``needs`` is set on the part that
+    holds ``.metadata``: every file the checkpoint consists of.
+    """
+
+    node: str
+    iteration: int
+    address: str  # host:port of the origin's shard server
+    files: dict[str, list[int]]
+    holders: list[str] = field(default_factory=list)
+    world_size: int = 0
+    needs: list[str] | None = None
+    path: str = ""  # the part's directory on the origin, relative to its node dir
+    time: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> MemPart:
+        data = json.loads(raw)
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    @property
+    def size(self) -> int:
+        return sum(size for size, _ in self.files.values())
+
+
+@dataclass
+class RestoreCandidate:
+    """One iteration the agent assembled (or tried to) for the workers' next start."""
+
+    iteration: int
+    path: str  # the assembled directory ("" when assembly failed)
+    ready: bool
+    why: str = ""  # why it is not ready
+
+
+@dataclass
+class RestorePlan:
+    """``mem-restore.json``: the memory iterations ready for this start, newest first.
+
+    The workers agree (one all-reduce) on the newest candidate ready on every node and
+    load it when it is at least as new as the newest complete disk checkpoint.
+    """
+
+    candidates: list[RestoreCandidate]
+    generation: int
+    reached: int | None = None  # the highest iteration the previous generation reported
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> RestorePlan:
+        data = json.loads(raw)
+        return cls(candidates=[RestoreCandidate(**c) for c in data.get("candidates", [])],
+                   generation=int(data.get("generation", 0)), reached=data.get("reached"))
+
