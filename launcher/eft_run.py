@@ -83,6 +83,20 @@ def _check_torchrun_args(args) -> dict[str, str]:
         raise UsageError(f"--rdzv-conf: expected KEY=VALUE[,KEY=VALUE...], got {args.rdzv_conf!r}") from None
 
 
+def _check_memory_tier(args, settings: Settings) -> None:
+    """Replicas need other nodes: more than --nnodes allows is a mistake, on one node a warning."""
+    memory = settings.memory
+    if not memory.enabled:
+        return
+    _, max_nodes = parse_min_max_nnodes(args.nnodes)
+    if max_nodes == 1 and memory.mem_ckpt_replicas:
+        log.warning("--eft-mem-ckpt-replicas %d: a one-node job has no peer to hold a replica; its memory "
+                    "checkpoints serve worker restarts, not the loss of the node", memory.mem_ckpt_replicas)
+    elif memory.mem_ckpt_replicas > max_nodes - 1:
+        raise UsageError(f"--eft-mem-ckpt-replicas {memory.mem_ckpt_replicas}: needs at least "
+                         f"{memory.mem_ckpt_replicas + 1} nodes, --nnodes {args.nnodes} allows at most {max_nodes}")
+
+
 def _etcd_target(args, rdzv_conf: dict[str, str]) -> tuple[EtcdTarget, float | None]:
     min_nodes, max_nodes = parse_min_max_nnodes(args.nnodes)
     params = RendezvousParameters(
@@ -107,6 +121,7 @@ def _setup_logging(level: str) -> None:
 
 def run(args, settings: Settings) -> None:
     rdzv_conf = _check_torchrun_args(args)
+    _check_memory_tier(args, settings)
     torchrun_plugin.register()
     embedded = None
     try:

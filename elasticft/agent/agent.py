@@ -59,6 +59,7 @@ from elasticft.agent.decide import (
 )
 from elasticft.agent.exclusion import leave_if_straggler
 from elasticft.agent.hang_monitor import HangMonitor
+from elasticft.agent.memory import MemoryService
 from elasticft.agent.observe import Observer
 from elasticft.agent.replan import RoundPlanner
 from elasticft.agent.services import AgentServices, WorkerProbe
@@ -81,6 +82,7 @@ class FTElasticAgent(LocalElasticAgent):
         self._services = AgentServices()
         self._hangs: HangMonitor | None = None
         self._observer: Observer | None = None  # made in run(), with the hang monitor
+        self._memory: MemoryService | None = None  # the memory checkpoint tier (etcd-v3 only)
         self._excluded = False  # this node left the job as a straggler
         self._planner = RoundPlanner.for_worker(spec.args, settings.planner)
         self._ckpt = CheckpointCoordinator(settings.ckpt, self._signal_workers, self._run_dir)
@@ -117,7 +119,7 @@ class FTElasticAgent(LocalElasticAgent):
         if self._etcd is not None:
             self._ctx = AgentContext.join(
                 self._etcd, self._settings.ft.node_id, spec.local_addr or socket.getfqdn(),
-                spec.local_world_size, self._settings.ft.lease_ttl, self._run_dir)
+                spec.local_world_size, self._settings.ft.lease_ttl, self._run_dir, self._settings.memory.domain())
             self._ctx.record(EventKind.NODE_JOINED, host=self._ctx.node.record.host, gpus=spec.local_world_size)
         # Workers inherit the agent's environment (torch copies os.environ).
         ctx = self._ctx
@@ -129,6 +131,9 @@ class FTElasticAgent(LocalElasticAgent):
             probe = WorkerProbe(spec.local_world_size, lambda: torch_seam.worker_processes(self),
                                 self._world_size)
             self._services.start(ctx, self._settings, self._ckpt, probe)
+            self._memory = MemoryService(self._settings.memory, ctx, spec.local_addr or socket.getfqdn(),
+                                         self._run_dir, self._holds_rank0, self._settings.ft.inject).start(self._ckpt)
+            os.environ.update(MemoryService.worker_environment(self._settings.memory))
         timeouts = SectionTimeouts.for_worker(self._settings.hang, spec.args,
                                               ctx.client if ctx else None, ctx.keys if ctx else None)
         self._hangs = HangMonitor(self._settings.hang, timeouts, self._run_dir, ctx.record if ctx else None)
@@ -139,6 +144,8 @@ class FTElasticAgent(LocalElasticAgent):
 
     def _finish(self, clean: bool, stopped_by: str | None) -> None:
         self._services.stop()
+        if self._memory is not None:
+            self._memory.close()
         if self._hangs is not None:
             self._hangs.close()
         self._record_job_end(clean, stopped_by)
@@ -149,6 +156,9 @@ class FTElasticAgent(LocalElasticAgent):
             self._ctx.leave(clean)
         self._services.close_notifier()
         shutil.rmtree(self._run_dir, ignore_errors=True)
+
+    def _holds_rank0(self) -> bool:
+        return any(w.global_rank == 0 for w in self.get_worker_group().workers)
 
     def _world_size(self) -> int | None:
         """The number of ranks in the current round (None between rounds or on a spare node)."""
@@ -231,6 +241,8 @@ class FTElasticAgent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict:
         self._ckpt.before_workers_start()
+        if self._memory is not None and worker_group.workers:
+            os.environ.update(self._memory.before_workers_start(worker_group.group_rank))  # before heartbeats go
         self._hangs.forget_heartbeats()
         if self._planner is not None:
             worker_group.spec.args = self._planner.worker_args()

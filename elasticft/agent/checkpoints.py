@@ -69,6 +69,11 @@ class CheckpointCoordinator:
                                            ctx.events.notifier)
         self._relay = CheckpointRelay(ctx.client, ctx.keys, self.protocol, self.run_dir, self._on_request).start()
 
+    def on_outbox(self, kind: str, handler: Callable[[dict], None]) -> None:
+        """Hand the workers' outbox messages of ``kind`` to ``handler`` (on the relay's thread)."""
+        if self._relay is not None:
+            self._relay.handlers[kind] = handler
+
     def before_workers_start(self) -> None:
         if self._relay is not None:
             self._relay.forget_answered_request()

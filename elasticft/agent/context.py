@@ -55,7 +55,7 @@ class AgentContext:
 
     @classmethod
     def join(cls, target: EtcdTarget, node_id: str, rdzv_addr: str, gpus: int, ttl: float,
-             run_dir: Path) -> "AgentContext":
+             run_dir: Path, domain: str = "") -> "AgentContext":
         """Connect, write this node's record under a new lease, and watch the others'."""
         client = connect(target.store)
         record = NodeRecord(
@@ -64,6 +64,7 @@ class AgentContext:
             rdzv_addr=rdzv_addr,  # the address torch's rendezvous names this agent by
             pid=os.getpid(),
             gpus=list(range(gpus)),
+            domain=domain,
         )
         membership = Membership(client, target.keys)
         node = NodeLease(client, target.keys, record, ttl)

@@ -48,6 +48,7 @@ class CheckpointRelay:
         self.run_dir = Path(run_dir)
         self.outbox = self.run_dir / OUTBOX_DIR
         self._on_request = on_request
+        self.handlers: dict[str, Callable[[dict], None]] = {}  # other outbox kinds (the memory tier's)
         self.pending: CheckpointRequest | None = None
         self._stop = threading.Event()
         self._cancel = None
@@ -125,6 +126,8 @@ class CheckpointRelay:
             self._protocol.filtered(message["request_id"], int(message["iteration"]),
                                     message.get("last_saved_iteration"), str(message["why"]))
             log.info("risk request %s skipped: %s", message["request_id"], message["why"])
+        elif kind in self.handlers:
+            self.handlers[kind](message)
         else:
             log.warning("ignoring outbox message of unknown type %r", kind)
 

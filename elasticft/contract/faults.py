@@ -8,7 +8,10 @@ A comma-separated list of ``KIND:TARGET@ITERATION``:
 * ``rank_killed:RANK@I`` — after iteration I, rank RANK dies (SIGKILL);
 * ``rank_hung:RANK@I`` — after iteration I, rank RANK stops making progress;
 * ``node_lost:NODE@I`` — after iteration I, the node whose agent has group rank NODE
-  dies: its agent and all of its workers are SIGKILLed.
+  dies: its agent and all of its workers are SIGKILLed;
+* ``replica_corrupt:NODE@I`` — at the first start of the workers after iteration I, the
+  agent with group rank NODE flips one byte of the newest memory checkpoint replica it
+  holds, before it assembles the restore (memory gone bad at rest).
 
 Workers call ``FaultInjector.after_iteration(i)`` once per iteration; only the target
 acts. Each fault fires once per agent: a marker in the node's run directory remembers
@@ -34,6 +37,7 @@ class FaultKind(enum.StrEnum):
     RANK_KILLED = "rank_killed"
     RANK_HUNG = "rank_hung"
     NODE_LOST = "node_lost"
+    REPLICA_CORRUPT = "replica_corrupt"
 
 
 KINDS = tuple(kind.value for kind in FaultKind)

@@ -47,6 +47,7 @@ class NodeRecord:
     version: str = __version__
     state: NodeState = NodeState.RUNNING
     started: float = field(default_factory=time.time)
+    domain: str = ""  # failure domain (--eft-node-label): memory checkpoint replicas go to other domains
 
     def __post_init__(self) -> None:
         self.state = NodeState(self.state)

@@ -4,8 +4,10 @@
     hook = Hook()                                  # after init_process_group
     action = hook.step(iteration)                  # every iteration, on every rank
     # save when action.save, then hook.saved(iteration, path, seconds); stop when action.exit
+    memory = MemoryCheckpoints(hook)               # snapshots in host memory, replicated by the agents
+    memory.step(iteration, state_fn)               # every iteration, after hook.step
 
-See docs/checkpoint.md.
+See docs/checkpoint.md and docs/memory-checkpoints.md.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import importlib
 
 # Loaded on first use: the agent and the `eft` command import the gap rule from this
 # package and must not pay for importing torch (the hook's dependency) to get it.
-_EXPORTS = {"Action": ".hook", "Hook": ".hook", "CheckpointDir": ".checkpoints"}
+_EXPORTS = {"Action": ".hook", "Hook": ".hook", "CheckpointDir": ".checkpoints",
+            "MemoryCheckpoints": ".memory", "Restored": ".memory"}
 
 __all__ = sorted(_EXPORTS)
 

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import psutil
 import torch
@@ -70,6 +70,18 @@ class Action:
 
 
 NO_ACTION = Action()
+
+
+class Ballot(Protocol):
+    """Something else the ranks must agree on every iteration (``Hook.add_ballot``)."""
+
+    width: int  # how many int64s it adds to the vote
+
+    def mine(self, iteration: int) -> list[int]:
+        """This rank's ``width`` values (non-negative; the job's is their MAX)."""
+
+    def settle(self, agreed: list[int]) -> None:
+        """The job's values, the same on every rank."""
 
 
 def save_interval_from_argv(argv: Sequence[str]) -> int | None:
@@ -142,6 +154,7 @@ class Hook:
         self._filtered: dict[int, tuple[int, int | None]] = {}  # dropped: (iteration, last saved)
         self._remove_save_switch = False
         self._auto_checkpointing = False
+        self._ballots: list[Ballot] = []  # others that vote in the same all_reduce (the memory tier)
         self.progress = ProgressWriter(self.run_dir, dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")),
                                        dump_signal=self._register_stack_dump(),
                                        started=psutil.Process().create_time())
@@ -186,13 +199,35 @@ class Hook:
             self._want(vote, "signal", exit=True)
         if self._deadline is not None and time.time() >= self._deadline:
             self._want(vote, "exit_duration", exit=True)
+        for ballot in self._ballots:
+            vote += ballot.mine(iteration)
         agreed = self._vote(vote)
+        offset = FILTERED + 1
+        for ballot in self._ballots:
+            ballot.settle(agreed[offset:offset + ballot.width])
+            offset += ballot.width
+        agreed = agreed[:FILTERED + 1]
+        vote = vote[:FILTERED + 1]
         self._latest = self._settle(iteration, request, vote, agreed)
         if self._latest.save and not self._auto_checkpointing:
             # The save the loop is about to make is timed as checkpointing; saved() ends it.
             self._auto_checkpointing = True
             self.progress.enter("checkpointing")
         return self._latest
+
+    @property
+    def group(self):
+        """The process group whose ranks agree (None: WORLD)."""
+        return self._group
+
+    def agree(self, values: list[int]) -> list[int]:
+        """The MAX of ``values`` over the group's ranks (a collective)."""
+        return self._vote(values)
+
+    def add_ballot(self, ballot: Ballot) -> None:
+        """Let ``ballot`` vote in this hook's all_reduce(MAX): one collective per iteration for all."""
+        if not self.inert:
+            self._ballots.append(ballot)
 
     # -- sections and work time --------------------------------------------------------
 

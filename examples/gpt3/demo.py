@@ -1,15 +1,20 @@
 """The eft demo: a megatron-core GPT on two simulated nodes survives a dying GPU and a lost node.
 
 Two eft-run agents (2 workers each, TP2 x PP1 x DP2) share one embedded etcd on this
-machine. After iteration --degrade-at the GPU of rank 2 (node 1) starts to fail; node 1's
-health sampler sees it and asks for an emergency checkpoint; every rank saves the same
-iteration. After --lose-at, node 1 dies (its agent and workers are SIGKILLed). Node 0
-notices the lost lease, re-plans for 2 GPUs, resumes from the checkpoint resharded to the
-new layout and finishes --train-iters. Then it prints what happened.
+machine. Every iteration each rank snapshots its state into host memory, and each node's
+agent copies its node's share to the other node (the memory tier). After iteration
+--degrade-at the GPU of rank 2 (node 1) starts to fail; node 1's health sampler sees it
+and asks for an emergency checkpoint; every rank saves the same iteration. After
+--lose-at, node 1 dies (its agent and workers are SIGKILLed). Node 0 notices the lost
+lease, re-plans for 2 GPUs, resumes from the newest state it has — memory, with node 1's
+share from its replica, or disk — resharded to the new layout, and finishes
+--train-iters. Then it prints what happened.
 
-  python examples/gpt3/demo.py [--out DIR] [--no-health] [--comeback-at I]
+  python examples/gpt3/demo.py [--out DIR] [--no-health] [--no-memory] [--comeback-at I]
 
---no-health leaves the GPU healthy (periodic saves only): compare how much is re-done.
+--no-health leaves the GPU healthy: nothing warns before the node dies.
+--no-memory turns the memory tier off (disk checkpoints only): compare how much is re-done.
+--compare runs the scenario with and without the memory tier and prints both.
 --comeback-at starts a new node 1 once node 0 reaches iteration I (scale-up).
 """
 
@@ -28,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(HERE)]
 
-from story import tell  # noqa: E402
+from story import compare, tell  # noqa: E402
 
 from elasticft.agent.events import EventLog  # noqa: E402
 from elasticft.contract.keys import RunKeys
@@ -46,11 +51,13 @@ def train_args(out: Path, args) -> list[str]:
 
 
 def agent(endpoint: str, run_id: str, out: Path, args, name: str, faults: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "launcher.eft_run", "--nnodes", "1:2", "--nproc-per-node", "2",
+    cmd = [sys.executable, "-m", "launcher.eft_run", "--nnodes", f"1:{args.nodes}", "--nproc-per-node", "2",
            "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
-           "--eft-node-id", name, "--eft-health-interval", "0.5", "--max-restarts", "1"]
+           "--eft-node-id", name, "--eft-health-interval", "0.5", "--max-restarts", "1",
+           "--eft-mem-ckpt-interval", str(0 if args.no_memory else args.mem_ckpt_interval)]
     if faults:
         cmd += ["--eft-inject", faults]
+    cmd += getattr(args, "agent_flags", [])  # tests add their own eft-run flags
     log = open(out / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it until it exits
     return subprocess.Popen([*cmd, *train_args(out, args)], stdout=log, stderr=subprocess.STDOUT,
                             cwd=ROOT, start_new_session=True)
@@ -67,10 +74,12 @@ def run(args) -> dict:
     out = Path(args.out or tempfile.mkdtemp(prefix="eft-demo-"))
     out.mkdir(parents=True, exist_ok=True)
     faults = [] if args.no_health else [f"gpu_degrade:2@{args.degrade_at}"]
-    faults.append(f"node_lost:1@{args.lose_at}")
+    if args.lose_at:
+        faults.append(f"node_lost:1@{args.lose_at}")
+    faults += getattr(args, "faults", [])  # tests add their own
     run_id = uuid.uuid4().hex[:12]
     with EmbeddedEtcd() as etcd:
-        nodes = [agent(etcd.endpoint, run_id, out, args, f"node{i}", ",".join(faults)) for i in range(2)]
+        nodes = [agent(etcd.endpoint, run_id, out, args, f"node{i}", ",".join(faults)) for i in range(args.nodes)]
         comeback = None
         try:
             deadline = time.monotonic() + args.timeout
@@ -96,7 +105,7 @@ def run(args) -> dict:
     return result
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="directory for logs, checkpoints and result.json (default: a temp dir)")
     parser.add_argument("--train-iters", type=int, default=24)
@@ -105,11 +114,25 @@ def main() -> int:
     parser.add_argument("--lose-at", type=int, default=14, help="iteration after which node 1 dies")
     parser.add_argument("--no-health", action="store_true", help="no failing GPU: periodic saves only")
     parser.add_argument("--comeback-at", type=int, default=0, help="restart node 1 at this iteration")
+    parser.add_argument("--mem-ckpt-interval", type=int, default=1, help="iterations between memory checkpoints")
+    parser.add_argument("--no-memory", action="store_true", help="no memory checkpoints: disk only")
+    parser.add_argument("--compare", action="store_true", help="run with and without the memory tier")
+    parser.add_argument("--nodes", type=int, default=2, help="simulated nodes (2 workers each)")
     parser.add_argument("--timeout", type=float, default=300)
-    args = parser.parse_args()
-    result = run(args)
-    print(tell(result, args))
-    return 0 if result["exit_code"] == 0 else 1
+    args = parser.parse_args(argv)
+    if not args.compare:
+        result = run(args)
+        print(tell(result, args))
+        return 0 if result["exit_code"] == 0 else 1
+    results = {}
+    for memory in (True, False):
+        case = argparse.Namespace(**{**vars(args), "no_memory": not memory,
+                                     "out": str(Path(args.out) / ("memory" if memory else "disk")) if args.out else None})
+        results["memory tier" if memory else "disk only"] = (run(case), case)
+    for name, (result, case) in results.items():
+        print(f"--- {name} ---\n{tell(result, case)}\n")
+    print(compare(results))
+    return 0 if all(r["exit_code"] == 0 for r, _ in results.values()) else 1
 
 
 if __name__ == "__main__":

@@ -17,9 +17,7 @@ sample g is a function of (--seed, g) alone.
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import shutil
 import sys
 import time
@@ -33,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, also
 
 from gpt_args import layout_problems, parse_args  # noqa: E402
 from gpt_data import micro_batches  # noqa: E402
+from run_log import Log, layout_text  # noqa: E402
 
 CHECKPOINT_VERSION = 3.0
 KEEP_CHECKPOINTS = 2
@@ -69,16 +68,9 @@ class Trainer:
         # After cpu_mode.enable(): some megatron modules bind torch.cuda functions at import.
         global parallel_state, dist_checkpointing, tensor_parallel
         from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
-        from megatron.core.dist_checkpointing.strategies import filesystem_async
+        from elasticft.worker.snapshot import in_process_results_queue
 
-        # A synchronous torch_dist save hands its write results back through a queue that
-        # megatron-core creates at the first save of each process from a spawn-method
-        # multiprocessing Manager: a new interpreter that re-imports __main__ and costs
-        # seconds, at the first save after every (re)start, which is when an emergency
-        # save must be quick. This script only saves synchronously, in this process, so
-        # an in-process queue is enough.
-        if filesystem_async._results_queue is None:
-            filesystem_async._results_queue = queue.Queue()
+        in_process_results_queue()  # no spawn-method Manager at the first save of each process
 
     def _init_distributed(self):
         args = self.args
@@ -255,6 +247,14 @@ class Trainer:
             state["opt_param_scheduler"] = self.scheduler.state_dict()
         return state
 
+    def checkpoint_state(self, iteration: int) -> dict:
+        """What a checkpoint holds, on disk and in memory alike."""
+        state = self._state(is_loading=False)
+        state["iteration"] = iteration
+        state["args"] = {k: v for k, v in vars(self.args).items()}
+        state["layout"] = {"world_size": self.world, "tp": self.tp, "pp": self.pp, "dp": self.dp}
+        return state
+
     def save(self, checkpoints, iteration: int) -> tuple[str, float]:
         started = time.time()
         path = checkpoints.path_for(iteration)
@@ -266,11 +266,7 @@ class Trainer:
                 else:
                     os.unlink(entry.path)
         dist.barrier()
-        state = self._state(is_loading=False)
-        state["iteration"] = iteration
-        state["args"] = {k: v for k, v in vars(self.args).items()}
-        state["layout"] = {"world_size": self.world, "tp": self.tp, "pp": self.pp, "dp": self.dp}
-        dist_checkpointing.save(state, str(path), sharded_strategy=("torch_dist", 1))
+        dist_checkpointing.save(self.checkpoint_state(iteration), str(path), sharded_strategy=("torch_dist", 1))
         dist.barrier()  # every rank's shards are on storage
         if self.rank == 0:
             checkpoints.commit(iteration)
@@ -289,58 +285,29 @@ class Trainer:
         return loaded.get("layout", {})
 
 
-class Log:
-    """Rank 0's records: JSON lines to --log-file, a short line to stdout."""
-
-    def __init__(self, path, rank: int):
-        # Open for the whole run, line-buffered: a killed run keeps every finished line.
-        self.file = open(path, "a", buffering=1) if path and rank == 0 else None  # noqa: SIM115
-        self.rank = rank
-
-    def record(self, **fields):
-        if self.file is not None:
-            self.file.write(json.dumps({**fields, "time": time.time()}) + "\n")
-
-    def say(self, text: str):
-        if self.rank == 0:
-            print(text, flush=True)
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     trainer = Trainer(args)
-    from elasticft.worker import CheckpointDir, Hook
+    from elasticft.worker import CheckpointDir, Hook, MemoryCheckpoints
     from elasticft.worker.inject import FaultInjector
 
     rank = trainer.rank
     log = Log(args.log_file, rank)
     layout = {"world_size": trainer.world, "tp": trainer.tp, "pp": trainer.pp, "dp": trainer.dp}
-    iteration = 0
-    if args.load:
-        started = time.time()
-        loaded_at, saved_layout = CheckpointDir(args.load, keep=KEEP_CHECKPOINTS).load_latest(trainer.load)
-        if loaded_at is not None:
-            iteration = loaded_at
-            seconds = time.time() - started
-            log.record(event="load", iteration=iteration, seconds=seconds, path=args.load,
-                       saved_layout=saved_layout, **layout)
-            log.say(f"loaded iteration {iteration} from {args.load} in {seconds:.2f} s "
-                    f"(saved at {_layout_text(saved_layout)}, now {_layout_text(layout)})")
-        elif CheckpointDir(args.load).complete_iterations():
-            # Starting over would overwrite the run's history; a person must look.
-            raise SystemExit(f"none of the complete checkpoints in {args.load} loads (see the warnings)")
-        else:
-            log.say(f"no checkpoint to load in {args.load}: starting from iteration 0")
     checkpoints = CheckpointDir(args.save, keep=KEEP_CHECKPOINTS) if args.save else None
     # On GPU the vote goes over gloo, so it does not synchronise the GPU every iteration.
     group = dist.new_group(backend="gloo") if trainer.cuda else None
-    hook = Hook(save_interval=args.save_interval, last_saved_iteration=iteration, group=group)
+    hook = Hook(save_interval=args.save_interval, group=group)
+    memory = MemoryCheckpoints(hook)  # --eft-mem-ckpt-interval under eft-run; inert otherwise
+    iteration, source = resume(trainer, memory, args, log, layout)
+    hook.last_saved_iteration = iteration
     injector = FaultInjector.from_env()  # --eft-inject: demo and test faults, off otherwise
-    log.record(event="start", iteration=iteration, train_iters=args.train_iters, **layout)
-    log.say(f"training {_layout_text(layout)} from iteration {iteration} to {args.train_iters}"
+    log.record(event="start", iteration=iteration, train_iters=args.train_iters, source=source, **layout)
+    log.say(f"training {layout_text(layout)} from iteration {iteration} to {args.train_iters}"
             f"{' (CPU mode, fp32)' if not trainer.cuda else ', bf16' if args.bf16 else ''}")
 
-    last_saved = iteration if args.load and iteration else None
+    last_saved = iteration if source == "disk" else None
+    in_memory = memory.last_complete
     while iteration < args.train_iters:
         started = time.time()
         loss, grad_norm, ok = trainer.train_step(iteration)
@@ -356,6 +323,7 @@ def main(argv=None) -> int:
         periodic = args.save_interval is not None and iteration % args.save_interval == 0
         exit_now = args.exit_interval is not None and iteration % args.exit_interval == 0
         if (action.save or periodic or exit_now) and checkpoints is not None:
+            memory.flush()  # the snapshot in flight first: both tiers write through torch_dist
             with hook.section("checkpointing"):  # timed against --eft-timeouts' checkpointing
                 path, seconds = trainer.save(checkpoints, iteration)
             last_saved = iteration
@@ -366,12 +334,18 @@ def main(argv=None) -> int:
         elif action.save:
             log.say(f"iteration {iteration}: asked to save ({action.reason}) but there is no --save")
         if action.exit or exit_now:
+            memory.flush()
             reason = action.reason if action.exit else "exit_interval"
             log.record(event="exit", iteration=iteration, reason=reason, **layout)
             log.say(f"exiting at iteration {iteration} ({reason})")
             break
+        memory.step(iteration, lambda: trainer.checkpoint_state(iteration))  # noqa: B023 - called now
+        if memory.last_complete != in_memory:
+            in_memory = memory.last_complete
+            log.record(event="mem_saved", iteration=in_memory, stall=memory.last_stall, **layout)
         injector.after_iteration(iteration)
     else:
+        memory.flush()
         if checkpoints is not None and last_saved != iteration:
             with hook.section("checkpointing"):
                 path, seconds = trainer.save(checkpoints, iteration)
@@ -385,10 +359,25 @@ def main(argv=None) -> int:
     return 0
 
 
-def _layout_text(layout: dict) -> str:
-    if not layout:
-        return "an unknown layout"
-    return f"TP{layout['tp']}xPP{layout['pp']}xDP{layout['dp']} ({layout['world_size']} ranks)"
+def resume(trainer, memory, args, log, layout) -> tuple[int, str]:
+    """The iteration to go on from and where its state came from (memory, disk or none)."""
+    from elasticft.worker import CheckpointDir
+
+    started = time.time()
+    disk = CheckpointDir(args.load, keep=KEEP_CHECKPOINTS) if args.load else None
+    restored = memory.restore(trainer.load, disk)
+    if restored.iteration is None:
+        if disk is not None and disk.complete_iterations():
+            # Starting over would overwrite the run's history; a person must look.
+            raise SystemExit(f"none of the complete checkpoints in {args.load} loads (see the warnings)")
+        log.say("no checkpoint to load: starting from iteration 0")
+        return 0, "none"
+    seconds = time.time() - started
+    log.record(event="load", iteration=restored.iteration, seconds=seconds, path=restored.path,
+               source=restored.source, saved_layout=restored.result, **layout)
+    log.say(f"loaded iteration {restored.iteration} from {restored.source} ({restored.path}) in {seconds:.2f} s "
+            f"(saved at {layout_text(restored.result)}, now {layout_text(layout)})")
+    return restored.iteration, restored.source
 
 
 # Mandatory: megatron-core's torch_dist save starts a spawn-method multiprocessing Manager

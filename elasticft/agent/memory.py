@@ -1,0 +1,117 @@
+"""The node agent's part in the memory checkpoint tier: feed the tier, prepare every start.
+
+``elasticft.memckpt.MemoryTier`` keeps this node's snapshots and other nodes' replicas in
+host memory and serves them to peers. This service connects it to the agent: the
+workers' outbox messages (a snapshot finished, the workers resumed), the membership (who
+is alive, in which failure domain) and every start of the workers (assemble the newest
+iteration the survivors hold, before the workers look for it).
+
+With the tier off it still reports where the workers resumed from (a ``ckpt_restored``
+event, from the node of global rank 0), and how many iterations they must do again.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable
+
+from elasticft.agent.checkpoints import CheckpointCoordinator
+from elasticft.agent.context import AgentContext
+from elasticft.config import MemoryConfig, env_name
+from elasticft.contract.events import EventKind
+from elasticft.contract.faults import FaultKind, parse_faults
+from elasticft.contract.memory import HELD_DIR
+from elasticft.contract.progress import read_progress
+from elasticft.contract.run_dir import FIRED_PREFIX, OutboxKind
+from elasticft.memckpt import MemoryTier
+
+log = logging.getLogger(__name__)
+
+
+class MemoryService:
+    def __init__(self, config: MemoryConfig, ctx: AgentContext, host: str, run_dir: Path,
+                 holds_rank0: Callable[[], bool], inject: str = ""):
+        self.config = config
+        self._inject = inject
+        self._ctx = ctx
+        self._run_dir = Path(run_dir)
+        self._holds_rank0 = holds_rank0
+        self._reached: int | None = None  # the previous generation's highest iteration
+        self.tier = (MemoryTier(config, ctx.node_id, host, ctx.client, ctx.keys, self._run_dir, ctx.record)
+                     if config.enabled else None)
+
+    def start(self, ckpt: CheckpointCoordinator) -> MemoryService:
+        ckpt.on_outbox(OutboxKind.RESTORED, self._on_restored)
+        if self.tier is None:
+            return self
+        self.tier.start()
+        ckpt.on_outbox(OutboxKind.MEM_SAVED, self._on_saved)
+        log.info("memory checkpoints every %d iteration(s), %d replica(s), budget %.2f GB, served at %s",
+                 self.config.mem_ckpt_interval, self.config.mem_ckpt_replicas, self.config.budget_bytes() / 1e9,
+                 self.tier.address)
+        return self
+
+    @staticmethod
+    def worker_environment(config: MemoryConfig) -> dict[str, str]:
+        """What the workers' ``MemoryCheckpoints`` reads (the write directory comes per start)."""
+        return {env_name("mem_ckpt_interval"): str(config.mem_ckpt_interval)}
+
+    def before_workers_start(self, group_rank: int | None = None) -> dict[str, str]:
+        """Assemble the restore candidates for the workers about to start; their environment.
+
+        Called before the previous generation's heartbeats are forgotten: they tell how
+        far it got, and so how much the next one re-does.
+        """
+        beats = [r.iteration for r in read_progress(self._run_dir).values() if r.iteration is not None]
+        self._reached = max(beats, default=self._reached)
+        if self.tier is None:
+            return {}
+        self._inject_corruption(group_rank)
+        members = self._ctx.membership.members()
+        domains = {node: record.domain for node, record in members.items()}
+        domains[self._ctx.node_id] = self.config.domain()
+        self.tier.set_members(domains)
+        return self.tier.prepare_start(set(domains), self._reached)
+
+    def _inject_corruption(self, group_rank: int | None) -> None:
+        """``--eft-inject replica_corrupt:NODE@I``: one flipped byte in the newest replica held here."""
+        for fault in parse_faults(self._inject):
+            marker = self._run_dir / (FIRED_PREFIX + fault.name)
+            if (fault.kind is not FaultKind.REPLICA_CORRUPT or fault.target != group_rank or marker.exists()
+                    or self._reached is None or self._reached < fault.iteration):
+                continue
+            held = Path(self.config.mem_ckpt_dir) / self._ctx.keys.run_id / self._ctx.node_id / HELD_DIR
+            parts = sorted(held.glob("*/iter_*"), key=lambda d: d.name)
+            files = sorted((f for f in parts[-1].iterdir() if f.is_file()), key=lambda f: f.stat().st_size) \
+                if parts else []
+            if not files:
+                continue
+            with open(files[-1], "r+b") as f:
+                f.seek(files[-1].stat().st_size // 2)
+                byte = f.read(1)
+                f.seek(-1, 1)
+                f.write(bytes([byte[0] ^ 0xFF]))
+            marker.touch()
+            log.warning("injected fault: flipped one byte of the replica %s", files[-1])
+
+    def _on_saved(self, message: dict) -> None:
+        self.tier.on_saved(int(message["iteration"]), str(message["path"]))
+
+    def _on_restored(self, message: dict) -> None:
+        iteration = message.get("iteration")
+        rank0 = self._holds_rank0()
+        if self.tier is not None:
+            self.tier.on_restored(iteration, rank0)
+        if not rank0:
+            return  # one event per restart: from the node of global rank 0
+        reached = self._reached
+        redone = reached - (iteration or 0) if reached is not None else None
+        self._ctx.record(EventKind.CKPT_RESTORED, iteration=iteration, source=message.get("source"),
+                         path=message.get("path"), reached=reached, redone=redone)
+        log.info("workers resumed from iteration %s (%s)%s", iteration, message.get("source"),
+                 f"; {redone} iteration(s) re-done" if redone is not None else "")
+
+    def close(self) -> None:
+        if self.tier is not None:
+            self.tier.close()

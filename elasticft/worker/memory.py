@@ -1,0 +1,193 @@
+"""The worker's half of the memory checkpoint tier: snapshots into host memory, restores from it.
+
+    memory = MemoryCheckpoints(hook)                       # after Hook(); inert without eft
+    restored = memory.restore(load_fn, checkpoints)        # the newest of memory and disk
+    ...
+    action = hook.step(iteration)                          # the vote carries the tier's fields
+    memory.step(iteration, lambda: sharded_state_dict)     # every iteration, on every rank
+    memory.settle()                                        # before a disk save or the exit
+
+Every ``--eft-mem-ckpt-interval`` iterations each rank copies its state into host memory
+(the only stall) and writes it, on a thread, as torch_dist files into the directory its
+agent named (``EFT_MEM_CKPT_WRITE_DIR``, tmpfs: it outlives the worker). The hook's vote
+tells every rank when all writes are done; then all finalize at the same iteration and
+local rank 0 tells its agent, which checksums the node's part and replicates it to other
+nodes (``elasticft.memckpt``). docs/memory-checkpoints.md has the whole design.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+from elasticft.config import MemoryConfig, from_env
+from elasticft.contract.checkpoints import iter_dir_name
+from elasticft.contract.memory import PAUSE_MARKER, RESTORE_FILE, RestorePlan
+from elasticft.contract.run_dir import OutboxKind, WorkerEnv
+from elasticft.worker.relay import Outbox
+from elasticft.worker.snapshot import (
+    HostCopier,
+    Snapshot,
+    in_process_results_queue,
+    save_strategy,
+)
+
+log = logging.getLogger(__name__)
+
+BUSY, FAILED, PAUSED = range(3)  # this tier's slots in the hook's vote
+
+
+@dataclass(frozen=True)
+class Restored:
+    """Where the workers resumed: ``iteration`` None means from scratch."""
+
+    iteration: int | None
+    source: str  # "memory", "disk" or "none"
+    path: str | None = None
+    result: Any = None  # what load_fn returned
+
+
+class MemoryCheckpoints:
+    """See the module's docstring. ``interval`` overrides ``EFT_MEM_CKPT_INTERVAL``."""
+
+    width = 3  # Ballot: BUSY, FAILED, PAUSED
+
+    def __init__(self, hook, interval: int | None = None):
+        self.hook = hook
+        self.interval = from_env(MemoryConfig).mem_ckpt_interval if interval is None else interval
+        self.dir = os.environ.get(WorkerEnv.MEM_DIR, "")
+        self.run_dir = Path(hook.run_dir) if hook.run_dir else None
+        # Snapshots need eft-run, an interval and the agent's directory; restore() works without.
+        self.inert = hook.inert or self.interval <= 0 or not self.dir
+        self.last_stall: float | None = None  # seconds the loop waited for the newest snapshot
+        self.last_complete: int | None = None
+        self._pending: Snapshot | None = None
+        self._agreed = [0, 0, 0]
+        self._reporter = not hook.inert and int(os.environ.get("LOCAL_RANK", "0")) == 0  # tells the node's agent
+        self._outbox = Outbox(self.run_dir) if self._reporter else None
+        if self.inert:
+            return
+        in_process_results_queue()
+        self._copier = HostCopier()
+        self._strategy = save_strategy()
+        self._validated = False
+        hook.add_ballot(self)
+
+    # -- the vote (Ballot) -----------------------------------------------------------
+
+    def mine(self, iteration: int) -> list[int]:
+        pending = self._pending
+        busy = int(pending is not None and not pending.done)
+        failed = int(pending is not None and pending.failed)
+        # One stat, only when a snapshot is due: the agent pauses the tier when over budget.
+        paused = int(self._due(iteration) and (self.run_dir / PAUSE_MARKER).exists())
+        return [busy, failed, paused]
+
+    def settle(self, agreed: list[int]) -> None:
+        self._agreed = agreed
+
+    # -- every iteration -------------------------------------------------------------
+
+    def _due(self, iteration: int) -> bool:
+        return iteration % self.interval == 0
+
+    def step(self, iteration: int, state_fn: Callable[[], dict]) -> None:
+        """After ``hook.step(iteration)``: finish the previous snapshot when every rank's
+        write is done, and start this iteration's when it is due and none is in flight."""
+        if self.inert:
+            return
+        if self._pending is not None and not self._agreed[BUSY]:
+            self._finish(failed=bool(self._agreed[FAILED]))
+        if self._due(iteration) and self._pending is None and not self._agreed[PAUSED]:
+            path = Path(self.dir) / iter_dir_name(iteration)
+            self._pending = Snapshot.start(iteration, path, state_fn(), self._copier, self._strategy,
+                                           validate=not self._validated)
+            self._validated = True
+            self.last_stall = self._pending.stall
+
+    def flush(self) -> None:
+        """Every rank, at the same iteration: wait for the snapshot in flight and finish it.
+
+        Call it before a disk save (both use torch_dist's one results queue) and before
+        the workers exit, so the newest snapshot is not lost to a clean end.
+        """
+        if self.inert or self._pending is None:
+            return
+        self._pending.wait()
+        failed = self.hook.agree([int(self._pending.failed)])[0]
+        self._finish(failed=bool(failed))
+
+    def _finish(self, failed: bool) -> None:
+        snapshot, self._pending = self._pending, None
+        if failed:
+            log.warning("memory snapshot of iteration %d failed on some rank: dropped", snapshot.iteration)
+            return
+        seconds, ok = snapshot.finalize()
+        if not ok:
+            return
+        self.last_complete = snapshot.iteration
+        if self._reporter:
+            self._outbox.send({"type": OutboxKind.MEM_SAVED, "iteration": snapshot.iteration,
+                               "path": str(snapshot.path), "seconds": seconds, "stall": snapshot.stall,
+                               "bytes": snapshot.bytes})
+
+    # -- at the start ------------------------------------------------------------------
+
+    def restore(self, load_fn: Callable[[str, int], Any], checkpoints=None) -> Restored:
+        """Load the newest state the job has: memory when it is at least as new as disk.
+
+        ``load_fn(path, iteration)`` loads a torch_dist checkpoint (every rank fails or
+        none, as torch_dist does); ``checkpoints`` is the disk's ``CheckpointDir`` (or
+        None). A memory iteration is used only if every rank's agent assembled it; if
+        loading it fails, the next older one, then the disk's newest complete checkpoint.
+        """
+        plan = self._plan()
+        disk = checkpoints.complete_iterations() if checkpoints is not None else []
+        newest_disk = disk[0] if disk else None
+        restored = None
+        for iteration, path in self._agreed_candidates(plan):
+            if newest_disk is not None and iteration < newest_disk:
+                log.warning("memory checkpoint %d is older than disk checkpoint %d: loading from disk",
+                            iteration, newest_disk)
+                break
+            try:
+                restored = Restored(iteration, "memory", path, load_fn(path, iteration))
+                break
+            except Exception as exc:  # noqa: BLE001 - every rank fails alike (torch_dist agrees)
+                log.warning("memory checkpoint %d at %s does not load (%s): trying the next", iteration, path, exc)
+        if restored is None and checkpoints is not None:
+            iteration, result = checkpoints.load_latest(load_fn)
+            if iteration is not None:
+                restored = Restored(iteration, "disk", str(checkpoints.dir_of(iteration)), result)
+        restored = restored or Restored(None, "none")
+        if self._reporter:
+            self._outbox.send({"type": OutboxKind.RESTORED, "iteration": restored.iteration,
+                               "source": restored.source, "path": restored.path,
+                               "reached": plan.reached if plan else None})
+        return restored
+
+    def _plan(self) -> RestorePlan | None:
+        if self.inert:
+            return None
+        try:
+            return RestorePlan.from_json((self.run_dir / RESTORE_FILE).read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError as exc:
+            log.warning("unreadable %s (%s): no memory restore", RESTORE_FILE, exc)
+            return None
+
+    def _agreed_candidates(self, plan: RestorePlan | None) -> list[tuple[int, str]]:
+        """The memory iterations every rank's agent has ready, newest first (one collective)."""
+        if self.inert:
+            return []  # the same on every rank: no collective
+        mine = {c.iteration: c.path for c in (plan.candidates if plan else []) if c.ready}
+        everyone: list = [None] * dist.get_world_size(self.hook.group)
+        dist.all_gather_object(everyone, sorted(mine), group=self.hook.group)
+        common = set(mine).intersection(*map(set, everyone))
+        return [(iteration, mine[iteration]) for iteration in sorted(common, reverse=True)]

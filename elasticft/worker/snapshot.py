@@ -1,0 +1,179 @@
+"""A torch_dist save whose only stall is a copy of the state into host memory.
+
+megatron-core can split a ``dist_checkpointing.save`` into a plan (on the caller's thread,
+with a few small collectives), a write (anywhere) and a finalization (a collective that
+makes rank 0 write ``.metadata``): ``save(..., async_sharded_save=True)`` returns the write
+and the finalization as an ``AsyncRequest``. Megatron-LM forks a process for the write
+and checks with an all-reduce every iteration whether all ranks are done.
+
+``Snapshot`` does the same with less: before planning, it copies every tensor of the
+state into host memory (device-to-host on a GPU, into pinned buffers reused across
+snapshots; a clone on the CPU, since training updates the parameters in place), so the
+write can run on a plain thread, from tensors nobody else touches, while training goes
+on. Whether every rank's write is done is part of the hook's vote (``memory.py``), so
+the finalization costs no collective of its own. The files are ordinary torch_dist files:
+``dist_checkpointing.load`` reads them at any TP×PP×DP.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def _mapping():
+    from megatron.core.dist_checkpointing import mapping
+
+    return mapping
+
+
+def in_process_results_queue() -> None:
+    """Hand torch_dist's write results back through a plain queue.
+
+    megatron-core otherwise creates the queue from a spawn-method multiprocessing
+    Manager at the first save of each process: a new interpreter that re-imports
+    ``__main__`` and costs seconds, at the first save after every (re)start. Our writes
+    run on threads of this process, where a plain queue is enough.
+    """
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
+class HostCopier:
+    """Copies of a sharded state dict's tensors in host memory, buffers reused per slot."""
+
+    def __init__(self) -> None:
+        self._pinned: dict[int, torch.Tensor] = {}  # GPU tensor slot -> its pinned buffer
+        self.bytes = 0
+
+    def copy(self, state: dict) -> dict:
+        """A copy of ``state`` whose tensors (and sharded objects) training can no longer change."""
+        self.bytes = 0
+        slot = [0]
+        on_gpu = [False]
+
+        def tensor(t: torch.Tensor) -> torch.Tensor:
+            t = t.detach()
+            self.bytes += t.numel() * t.element_size()
+            if t.device.type == "cpu":
+                return t.clone(memory_format=torch.contiguous_format)
+            on_gpu[0] = True
+            slot[0] += 1
+            buf = self._pinned.get(slot[0])
+            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+                buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+                self._pinned[slot[0]] = buf
+            buf.copy_(t, non_blocking=True)
+            return buf
+
+        copied = self._walk(state, tensor)
+        if on_gpu[0]:
+            torch.cuda.synchronize()  # the copies are complete before training touches the GPU tensors
+        return copied
+
+    def _walk(self, value, tensor):
+        mapping = _mapping()
+        if isinstance(value, dict):
+            return {k: self._walk(v, tensor) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._walk(v, tensor) for v in value]
+        if isinstance(value, (mapping.ShardedTensor, mapping.ShardedTensorFactory)):
+            leaf = copy.copy(value)
+            leaf.data = tensor(value.data)
+            return leaf
+        if isinstance(value, mapping.ShardedObject):
+            leaf = copy.copy(value)
+            leaf.data = copy.deepcopy(value.data)
+            return leaf
+        if isinstance(value, torch.Tensor):
+            return tensor(value)
+        return copy.deepcopy(value)
+
+
+class Snapshot:
+    """One rank's share of one checkpoint being written in the background.
+
+    ``start`` copies, plans and starts the write; ``done`` and ``failed`` say where the
+    write is; ``finalize`` must run on every rank at the same point (it is a collective).
+    """
+
+    def __init__(self, iteration: int, path: Path, request, started: float, stall: float, nbytes: int):
+        self.iteration = iteration
+        self.path = path
+        self.stall = stall  # seconds the training loop waited: copy + plan
+        self.bytes = nbytes
+        self._request = request
+        self._started = started
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._write, name=f"eft-snapshot-{iteration}", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def start(cls, iteration: int, path: Path, state: dict, copier: HostCopier, strategy,
+              validate: bool) -> Snapshot:
+        from megatron.core import dist_checkpointing
+
+        started = time.perf_counter()
+        host_state = copier.copy(state)
+        path.mkdir(parents=True, exist_ok=True)
+        request = dist_checkpointing.save(host_state, str(path), sharded_strategy=strategy,
+                                          validate_access_integrity=validate, async_sharded_save=True)
+        return cls(iteration, path, request, started, time.perf_counter() - started, copier.bytes)
+
+    def _write(self) -> None:
+        try:
+            if self._request.async_fn is not None:  # None: nothing of this rank's to write
+                self._request.async_fn(*self._request.async_fn_args)
+        except BaseException as exc:  # noqa: BLE001 - reported through the vote, raised by nobody
+            self._error = exc
+            log.warning("memory snapshot of iteration %d failed on this rank: %s", self.iteration, exc)
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    @property
+    def failed(self) -> bool:
+        return self.done and self._error is not None
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def finalize(self) -> tuple[float, bool]:
+        """Every rank, at the same iteration, once every rank's write is done: rank 0 writes
+        ``.metadata`` and ``metadata.json``. Returns the seconds since ``start`` and whether
+        this rank's part succeeded.
+
+        A step that fails here is logged and the next still runs: the last one is a
+        barrier that the other ranks are waiting in. A write that failed on any rank fails
+        here on every rank (megatron-core broadcasts it), so all drop the snapshot alike.
+        """
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+        ok = True
+        for finalize in self._request.finalize_fns:
+            try:
+                finalize()
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001 - the snapshot is lost, training is not
+                ok = False
+                log.warning("memory snapshot of iteration %d: finalization failed: %s", self.iteration, exc)
+        return time.perf_counter() - self._started, ok
+
+
+def save_strategy():
+    """torch_dist with one file per rank, the plan cached across snapshots of one structure."""
+    from megatron.core.dist_checkpointing.strategies.torch import (
+        TorchDistSaveShardedStrategy,
+    )
+
+    return TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=1, cached_metadata=True)
