@@ -99,13 +99,6 @@ class MemIndex:
 
         return self._change(node, iteration, add)
 
-    def remove_holder(self, node: str, iteration: int, holder: str) -> bool:
-        def remove(part: MemPart) -> None:
-            part.holders = [h for h in part.holders if h != holder]
-            part.addresses.pop(holder, None)
-
-        return self._change(node, iteration, remove)
-
     def parts(self) -> list[MemPart]:
         items, _ = self.client.get_prefix(self.prefix)
         return [MemPart.from_json(kv.value) for kv in items if part_of_key(kv.key) is not None]

@@ -146,8 +146,8 @@ class NodeDir:
     # -- pruning ----------------------------------------------------------------
 
     def prune_own(self, keep_from: int) -> list[int]:
-        """Remove own parts older than ``keep_from`` (the newest complete one): newer ones may be being
-        written. Emptied generations other than the newest go too. Returns the iterations removed."""
+        """Remove own parts older than ``keep_from`` (the older of the two newest published); newer ones
+        may be being written. Emptied generations other than the newest go too. Returns the iterations removed."""
         removed = []
         generations = self.generations()
         for n in generations:

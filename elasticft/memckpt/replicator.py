@@ -159,11 +159,11 @@ class Replicator:
         for holder in self._holders():
             self._push_to(holder, part, job.path)
         with self.lock:
-            for k in self.node_dir.prune_own(job.iteration):
-                self.index.remove_holder(self.node_id, k, self.node_id)  # the index must not send readers here
-            keep = self.published[-2:]  # the newest and the one before: a fallback when the newest is corrupt
-            self.index.drop_node_below(self.node_id, keep[0])
-            self.published = keep
+            # Keep the newest two, own and index alike: when the newest is unusable (a replica corrupt at
+            # rest), the one before can only be assembled if every survivor still has its own part of it.
+            self.published = self.published[-2:]
+            self.node_dir.prune_own(self.published[0])
+            self.index.drop_node_below(self.node_id, self.published[0])
 
     def _holders(self) -> list[str]:
         members = dict(self.members())
