@@ -59,8 +59,6 @@ def test_without_a_domain_preference_every_node_holds_exactly_its_share(nodes, r
 
 @settings(max_examples=300, deadline=None)
 @given(memberships())
-@settings(max_examples=300, deadline=None)
-@given(memberships())
 def test_with_domains_the_load_adds_up(case):
     """Domains may shift load (a small rack holds for a big one), but never past one part per other node."""
     domains, replicas = case
