@@ -154,7 +154,8 @@ class Replicator:
                        holders=[self.node_id], addresses={self.node_id: self.address}, needs=needs,
                        path=os.path.relpath(job.path, self.node_dir.root), time=time.time())
         self.index.publish(part)
-        self.published = [k for k in self.published if k != job.iteration] + [job.iteration]
+        with self.lock:  # on_restored trims the list from the agent's thread
+            self.published = [k for k in self.published if k != job.iteration] + [job.iteration]
         self.newest_size = part.size
         for holder in self._holders():
             self._push_to(holder, part, job.path)
