@@ -30,6 +30,8 @@ FORBIDDEN = {
     "elasticft.torch_seam": ("elasticft.", "launcher"),
     "elasticft.knobs": ("elasticft.", "launcher"),
     "elasticft.periodic": ("elasticft.", "launcher"),
+    "elasticft.memckpt": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
+                          "elasticft.health", "elasticft.worker", "launcher"),
 }
 # What the contract may import: itself, the knob machinery (for one-line errors), the version.
 CONTRACT_ALLOWED = ("elasticft.contract", "elasticft.knobs", "elasticft")

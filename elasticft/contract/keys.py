@@ -73,6 +73,10 @@ class RunKeys:
         """Prefix of the memory checkpoint index: ``<node>/<iteration>`` -> ``contract.memory.MemPart``."""
         return self.root + "mem/parts/"
 
+    def mem_server(self, node_id: str) -> str:
+        """``host:port`` of a node agent's shard server (memory checkpoint replicas and restores)."""
+        return self.root + "mem/servers/" + node_id
+
     @property
     def layout(self) -> str:
         return self.root + "layout"

@@ -62,16 +62,18 @@ def part_of_key(key: str) -> tuple[str, int] | None:
 class MemPart:
     """One node's share of one memory checkpoint, as published in etcd.
 
-    ``files`` maps a file name to ``[size, crc32]``; ``holders`` maps each node that keeps a
-    verified copy (the origin first, then its replicas) to its shard server's ``host:port``;
-    ``needs`` is set on the part that holds ``.metadata``: every file the checkpoint
-    consists of.
+    ``files`` maps a file name to ``[size, crc32]``; ``holders`` are the nodes that keep a
+    verified copy (the origin first, then its replicas), ``addresses`` where to read from each of
+    them; ``needs`` is set on the part that
+    holds ``.metadata``: every file the checkpoint consists of.
     """
 
     node: str
     iteration: int
+    address: str  # host:port of the origin's shard server
     files: dict[str, list[int]]
-    holders: dict[str, str] = field(default_factory=dict)
+    holders: list[str] = field(default_factory=list)
+    addresses: dict[str, str] = field(default_factory=dict)  # holder -> host:port of its shard server
     world_size: int = 0
     needs: list[str] | None = None
     path: str = ""  # the part's directory on the origin, relative to its node dir

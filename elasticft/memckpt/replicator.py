@@ -1,0 +1,201 @@
+"""The tier's own thread: publish each saved part, push its replicas, prune, watch the budget.
+
+``MemoryTier.on_saved`` only queues; the agent's monitor loop must never wait for a copy to
+another node. Saves queue up in order; when a newer save is already waiting, an older one
+not yet started is dropped (the newer supersedes it). A part is published with the origin
+as its only holder *before* any push, and each holder is added only after it accepted every
+file, so the index never claims more copies than exist.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from elasticft.contract.memory import DCP_METADATA, GLOBAL_FILES, MemPart
+from elasticft.memckpt.budget import PauseGate
+from elasticft.memckpt.index import MemIndex
+from elasticft.memckpt.node_dir import NodeDir, list_part
+from elasticft.memckpt.placement import replica_holders
+from elasticft.memckpt.transfer import TransferError, push
+from elasticft.store import StoreError
+
+log = logging.getLogger(__name__)
+
+
+def needs_of(part_dir: Path) -> list[str] | None:
+    """Every file of the checkpoint, read from rank 0's ``.metadata``; None if it cannot be read.
+
+    The shard files come from DCP's own index (``storage_data``); the global files megatron adds
+    beside ``.metadata`` count when this part has them.
+    """
+    from torch.distributed.checkpoint import FileSystemReader  # the agent has torch; keep importing us cheap
+
+    try:
+        metadata = FileSystemReader(str(part_dir)).read_metadata()
+        shards = {item.relative_path for item in (metadata.storage_data or {}).values()}
+    except Exception as exc:  # a torn or foreign .metadata: the part is published, never complete
+        log.warning("memory checkpoint %s: cannot read %s: %s", part_dir, DCP_METADATA, exc)
+        return None
+    return sorted(shards | {name for name in GLOBAL_FILES if (part_dir / name).is_file()})
+
+
+@dataclass
+class _Saved:
+    iteration: int
+    path: Path
+
+
+@dataclass
+class _Received:
+    origin: str
+    iteration: int
+
+
+class Replicator:
+    def __init__(self, node_dir: NodeDir, node_id: str, address: str, run_id: str, index: MemIndex,
+                 replicas: int, gate: PauseGate, members: Callable[[], dict[str, str]],
+                 address_of: Callable[[str], str | None], lock: threading.RLock, timeout: float = 60.0):
+        self.node_dir = node_dir
+        self.node_id = node_id
+        self.address = address
+        self.run_id = run_id
+        self.index = index
+        self.replicas = replicas
+        self.gate = gate
+        self.members = members  # node id -> failure domain, as the tier last heard
+        self.address_of = address_of  # a peer's shard server address, from etcd
+        self.lock = lock  # the tier's: pruning and a restart's assembly never interleave
+        self.timeout = timeout
+        self.published: list[int] = []  # this node's iterations in the index, oldest first
+        self.newest_size = 0
+        self._jobs: deque = deque()
+        self._cond = threading.Condition()
+        self._busy = False
+        self._stop = False
+        self._warned_short = False
+        self._failing: set[str] = set()  # holders whose failure was logged (once, until they work again)
+        self._thread = threading.Thread(target=self._loop, name="eft-mem-replicator", daemon=True)
+
+    # -- the agent's side -------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def saved(self, iteration: int, path: str) -> None:
+        self._put(_Saved(iteration, Path(path)))
+
+    def received(self, origin: str, iteration: int) -> None:
+        self._put(_Received(origin, iteration))
+
+    def discard_pending(self) -> None:
+        """Forget queued saves: a new start of the workers left their timeline."""
+        with self._cond:
+            self._jobs = deque(j for j in self._jobs if not isinstance(j, _Saved))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued job is done; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._jobs and not self._busy, timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        with self._cond:
+            self._stop = True
+            self._jobs.clear()
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # -- the thread -------------------------------------------------------------
+
+    def _put(self, job) -> None:
+        with self._cond:
+            self._jobs.append(job)
+            self._cond.notify_all()
+
+    def _next(self):
+        with self._cond:
+            self._busy = False
+            self._cond.notify_all()
+            while True:
+                self._cond.wait_for(lambda: self._jobs or self._stop)
+                if self._stop:
+                    return None
+                job = self._jobs.popleft()
+                if not (isinstance(job, _Saved) and any(isinstance(j, _Saved) and j.iteration > job.iteration
+                                                        for j in self._jobs)):
+                    break
+                log.info("memory checkpoint %d not replicated: a newer one is already waiting", job.iteration)
+            self._busy = True
+            return job
+
+    def _loop(self) -> None:
+        while (job := self._next()) is not None:
+            try:
+                if isinstance(job, _Saved):
+                    self._replicate(job)
+                self._prune_and_check()
+            except (OSError, StoreError) as exc:
+                log.warning("memory tier on %s: %s failed: %s", self.node_id, job, exc)
+
+    def _replicate(self, job: _Saved) -> None:
+        files = list_part(job.path)
+        if not files:
+            log.warning("memory checkpoint %d: %s holds no files; not published", job.iteration, job.path)
+            return
+        needs = needs_of(job.path) if DCP_METADATA in files else None
+        part = MemPart(node=self.node_id, iteration=job.iteration, address=self.address, files=files,
+                       holders=[self.node_id], addresses={self.node_id: self.address}, needs=needs,
+                       path=os.path.relpath(job.path, self.node_dir.root), time=time.time())
+        self.index.publish(part)
+        with self.lock:  # on_restored trims the list from the agent's thread
+            self.published = [k for k in self.published if k != job.iteration] + [job.iteration]
+        self.newest_size = part.size
+        for holder in self._holders():
+            self._push_to(holder, part, job.path)
+        with self.lock:
+            # Keep the newest two, own and index alike: when the newest is unusable (a replica corrupt at
+            # rest), the one before can only be assembled if every survivor still has its own part of it.
+            self.published = self.published[-2:]
+            self.node_dir.prune_own(self.published[0])
+            self.index.drop_node_below(self.node_id, self.published[0])
+
+    def _holders(self) -> list[str]:
+        members = dict(self.members())
+        members.setdefault(self.node_id, "")
+        holders = replica_holders(self.node_id, members, self.replicas)
+        if len(holders) < self.replicas and not self._warned_short:
+            self._warned_short = True
+            log.warning("memory checkpoints: %d replica(s) asked for, but only %d other node(s): replicating to "
+                        "as many as there are", self.replicas, len(members) - 1)
+        return holders
+
+    def _push_to(self, holder: str, part: MemPart, path: Path) -> None:
+        address = self.address_of(holder)
+        try:
+            if not address:
+                raise TransferError(f"{holder} has published no shard server address")
+            for name, (_, crc) in part.files.items():
+                push(address, self.run_id, self.node_id, part.iteration, path / name, crc, self.timeout)
+        except TransferError as exc:
+            if holder not in self._failing:
+                self._failing.add(holder)
+                log.warning("memory checkpoint %d: no replica on %s (%s); skipping it until it works again",
+                            part.iteration, holder, exc)
+            return
+        self._failing.discard(holder)
+        self.index.add_holder(self.node_id, part.iteration, holder, address)
+
+    def _prune_and_check(self) -> None:
+        with self.lock:
+            self.node_dir.prune_held()
+            self.check_budget()
+
+    def check_budget(self) -> bool:
+        return self.gate.check(self.node_dir.used_bytes(), self.newest_size)

@@ -1,0 +1,151 @@
+"""MemoryTier: the node agent's whole memory checkpoint tier behind a few calls.
+
+The agent calls ``start`` once, ``set_members`` on every membership change, ``prepare_start``
+before every start of its workers, ``on_saved`` and ``on_restored`` when local rank 0's outbox
+says so, and ``close`` at the end. Everything slow (checksums, pushes to peers) happens on
+the tier's own thread or the shard server's; ``prepare_start`` is the one call that waits
+(the workers cannot start before their checkpoint is assembled) and it never raises for a
+peer's failure: a candidate it could not build is marked not ready and the event log says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Callable
+
+from elasticft.config import MemoryConfig
+from elasticft.contract.keys import RunKeys
+from elasticft.contract.memory import RESTORE_FILE, RestorePlan
+from elasticft.contract.run_dir import WorkerEnv, write_atomically
+from elasticft.memckpt.budget import PauseGate
+from elasticft.memckpt.index import MemIndex, complete_iterations
+from elasticft.memckpt.node_dir import NodeDir
+from elasticft.memckpt.replicator import Replicator
+from elasticft.memckpt.restore import assemble_candidates
+from elasticft.memckpt.server import ShardServer
+from elasticft.store import EtcdClient, StoreError
+
+log = logging.getLogger(__name__)
+
+
+class MemoryTier:
+    def __init__(self, config: MemoryConfig, node_id: str, host: str, client: EtcdClient, keys: RunKeys,
+                 run_dir: Path, record: Callable[..., None], timeout: float = 60.0):
+        self.config = config
+        self.node_id = node_id
+        self.host = host
+        self.client = client
+        self.keys = keys
+        self.run_dir = Path(run_dir)
+        self.record = record
+        self.timeout = timeout  # one transfer's socket timeout
+        self.node_dir = NodeDir(Path(config.mem_ckpt_dir) / keys.run_id / node_id)
+        self.index = MemIndex(client, keys)
+        self._lock = threading.RLock()
+        self._domains: dict[str, str] = {node_id: config.domain()}
+        self._server: ShardServer | None = None
+        self._replicator: Replicator | None = None
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def start(self) -> None:
+        self.node_dir.create()
+        self._server = ShardServer(self.node_dir, self.node_id, self.keys.run_id, self.host,
+                                   self.config.mem_ckpt_port, on_received=self._on_received).start()
+        self.client.put(self.keys.mem_server(self.node_id), self.address)
+        gate = PauseGate(self.run_dir, self.config.budget_bytes(), self.record)
+        self._replicator = Replicator(self.node_dir, self.node_id, self.address, self.keys.run_id, self.index,
+                                      self.config.mem_ckpt_replicas, gate, self._members, self._address_of,
+                                      self._lock, self.timeout)
+        self._replicator.start()
+
+    def close(self) -> None:
+        if self._replicator is not None:
+            self._replicator.close()
+        if self._server is not None:
+            self._server.close()
+            try:
+                self.client.delete(self.keys.mem_server(self.node_id))
+            except StoreError as exc:
+                log.warning("memory tier: could not remove this node's server address: %s", exc)
+        self.node_dir.remove()
+
+    @property
+    def address(self) -> str:
+        if self._server is None:
+            raise RuntimeError("MemoryTier.start() was not called")
+        return self._server.address
+
+    # -- membership -------------------------------------------------------------
+
+    def set_members(self, domains: dict[str, str]) -> None:
+        with self._lock:
+            self._domains = dict(domains)
+
+    def _members(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._domains)
+
+    def _address_of(self, node: str) -> str | None:
+        kv = self.client.get(self.keys.mem_server(node))
+        return kv.value.decode() if kv is not None else None
+
+    # -- the workers' events ----------------------------------------------------
+
+    def on_saved(self, iteration: int, path: str) -> None:
+        """Local rank 0 reported a finished snapshot; publish and replicate it in the background."""
+        self._running().saved(iteration, path)
+
+    def _on_received(self, origin: str, iteration: int) -> None:
+        if self._replicator is not None:
+            self._replicator.received(origin, iteration)
+
+    def on_restored(self, iteration: int | None, is_rank0_node: bool) -> None:
+        """The workers resumed at ``iteration`` (None: from scratch or an older disk checkpoint): every
+        part newer than that belongs to an abandoned timeline; rank 0's node clears the whole index of them."""
+        replicator = self._running()
+        replicator.discard_pending()
+        with self._lock:
+            self.node_dir.drop_above(iteration)
+            floor = -1 if iteration is None else iteration
+            replicator.published = [k for k in replicator.published if k <= floor]
+            try:
+                if is_rank0_node:
+                    self.index.drop_above(iteration)
+            except StoreError as exc:
+                log.warning("memory tier: could not drop index entries above iteration %s: %s", iteration, exc)
+            replicator.check_budget()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the tier's thread has done everything queued so far (tests, an orderly stop)."""
+        return self._running().flush(timeout)
+
+    # -- restarts ---------------------------------------------------------------
+
+    def prepare_start(self, alive: set[str], reached: int | None) -> dict[str, str]:
+        """Before a start of the workers: a fresh generation dir, the restore candidates, mem-restore.json."""
+        self._running().discard_pending()
+        with self._lock:
+            generation, own = self.node_dir.new_generation()
+            self.node_dir.clear_restore()
+            try:
+                complete = complete_iterations(self.index.parts(), set(alive))
+            except StoreError as exc:
+                log.warning("memory tier: cannot read the index (%s); no memory checkpoint for this start", exc)
+                complete = []
+            candidates = assemble_candidates(self.node_dir, self.node_id, self.keys.run_id, complete, self.record,
+                                             self.timeout)
+        plan = RestorePlan(candidates=candidates, generation=generation, reached=reached)
+        write_atomically(self.run_dir / RESTORE_FILE, plan.to_json())
+        return {WorkerEnv.MEM_DIR.value: str(own)}
+
+    def newest_complete(self, alive: set[str]) -> int | None:
+        complete = complete_iterations(self.index.parts(), set(alive))
+        return complete[0].iteration if complete else None
+
+    def _running(self) -> Replicator:
+        if self._replicator is None:
+            raise RuntimeError("MemoryTier.start() was not called")
+        return self._replicator

@@ -1,0 +1,166 @@
+"""MemoryTier end to end: real tiers on the session's etcd, real HTTP on 127.0.0.1, real files.
+
+Each node is a MemoryTier in this process with its own node directory; "losing" a node is
+leaving it out of ``alive`` (its files stay, as a dead node's would be unreachable anyway:
+we also close its server so nothing can read from it).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from elasticft.contract.events import EventKind
+from elasticft.contract.memory import PAUSE_MARKER, RESTORE_FILE, RestorePlan
+from elasticft.memckpt.index import MemIndex
+from tests.memckpt_parts import make_node, shard_name
+
+ITER = 5
+
+
+@pytest.fixture
+def cluster(etcd, run_keys, tmp_path):
+    made = []
+
+    def make(n: int, **kwargs):
+        nodes = [make_node(etcd, run_keys, tmp_path, f"n{r}", r, **kwargs) for r in range(n)]
+        for node in nodes:
+            node.tier.set_members({m.node_id: "" for m in nodes})
+            node.start_workers({m.node_id for m in nodes})
+        made.extend(nodes)
+        return nodes
+
+    yield make
+    for node in made:
+        node.tier.close()
+
+
+def save_all(nodes, iteration, tmp_path):
+    for node in nodes:
+        node.save(iteration, len(nodes), tmp_path)
+    flush(nodes)
+
+
+def flush(nodes):
+    for _ in range(2):  # origins' pushes first, then the holders' receipts they queued
+        for node in nodes:
+            assert node.tier.flush(30)
+
+
+def lose(node):
+    node.tier._server.close()  # a lost node answers nobody
+
+
+def plan_of(node) -> RestorePlan:
+    return RestorePlan.from_json((node.run_dir / RESTORE_FILE).read_text())
+
+
+def test_each_part_is_published_with_its_replica_holder(cluster, etcd, run_keys, tmp_path):
+    nodes = cluster(3)
+    save_all(nodes, ITER, tmp_path)
+    parts = {p.node: p for p in MemIndex(etcd, run_keys).parts()}
+    assert {n: p.holders for n, p in parts.items()} == {"n0": ["n0", "n1"], "n1": ["n1", "n2"], "n2": ["n2", "n0"]}
+    assert parts["n0"].needs == sorted([".metadata", "common.pt", "metadata.json", *map(shard_name, range(3))])
+    for origin, holder in (("n0", "n1"), ("n1", "n2"), ("n2", "n0")):
+        own = nodes[int(origin[1])].tier.node_dir.own_part(ITER)
+        held = nodes[int(holder[1])].tier.node_dir.held_part(origin, ITER)
+        assert sorted(p.name for p in held.iterdir()) == sorted(parts[origin].files)
+        for name in parts[origin].files:
+            assert (held / name).read_bytes() == (own / name).read_bytes()
+
+
+def test_a_lost_nodes_files_come_from_its_replica(cluster, tmp_path):
+    nodes = cluster(3)
+    save_all(nodes, ITER, tmp_path)
+    lose(nodes[1])
+    nodes[0].start_workers({"n0", "n2"}, reached=ITER + 2)
+    plan = plan_of(nodes[0])
+    assert plan.reached == ITER + 2 and plan.generation == 2
+    assert [(c.iteration, c.ready) for c in plan.candidates] == [(ITER, True)]
+    restored = Path(plan.candidates[0].path)
+    originals = {shard_name(r): nodes[r].tier.node_dir.own_part(ITER) / shard_name(r) for r in range(3)}
+    for name, original in originals.items():
+        assert (restored / name).read_bytes() == original.read_bytes()
+    assert (restored / ".metadata").read_bytes() == (originals[shard_name(0)].parent / ".metadata").read_bytes()
+
+
+def flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupt_replica_falls_back_to_the_iteration_before(cluster, tmp_path):
+    nodes = cluster(3)
+    save_all(nodes, ITER, tmp_path)
+    save_all(nodes, ITER + 1, tmp_path)
+    lose(nodes[1])
+    flip_byte(nodes[2].tier.node_dir.held_part("n1", ITER + 1) / shard_name(1))
+    nodes[0].start_workers({"n0", "n2"})
+    newest, before = plan_of(nodes[0]).candidates
+    assert (newest.iteration, newest.ready) == (ITER + 1, False)
+    assert "checksum" in newest.why and shard_name(1) in newest.why
+    assert (before.iteration, before.ready) == (ITER, True)
+    assert nodes[0].kinds(EventKind.MEM_CKPT_FALLBACK) == [
+        {"iteration": ITER + 1, "why": newest.why, "then": f"iteration {ITER} from memory"}]
+
+    flip_byte(nodes[2].tier.node_dir.held_part("n1", ITER) / shard_name(1))
+    nodes[0].start_workers({"n0", "n2"})
+    assert [c.ready for c in plan_of(nodes[0]).candidates] == [False, False]
+    assert nodes[0].kinds(EventKind.MEM_CKPT_FALLBACK)[-1]["then"] == "the newest disk checkpoint"
+    assert not any(nodes[0].tier.node_dir.restore.iterdir())  # nothing half-assembled is left
+
+
+def test_an_origin_and_its_only_holder_gone_leave_no_candidate(cluster, tmp_path):
+    nodes = cluster(3)
+    save_all(nodes, ITER, tmp_path)
+    lose(nodes[1])
+    lose(nodes[2])  # n2 held n1's only replica
+    assert nodes[0].tier.newest_complete({"n0"}) is None
+    assert nodes[0].tier.newest_complete({"n0", "n2"}) == ITER
+    nodes[0].start_workers({"n0"})
+    assert plan_of(nodes[0]).candidates == []
+
+
+def test_on_restored_drops_newer_parts_and_generations_increase(cluster, etcd, run_keys, tmp_path):
+    nodes = cluster(2)
+    save_all(nodes, ITER, tmp_path)
+    save_all(nodes, ITER + 1, tmp_path)
+    for node in nodes:
+        node.start_workers({"n0", "n1"})
+        assert node.mem_dir.name == "g2"
+    for node in nodes:
+        node.tier.on_restored(ITER, is_rank0_node=node.rank == 0)
+    assert sorted((p.node, p.iteration) for p in MemIndex(etcd, run_keys).parts()) == [("n0", ITER), ("n1", ITER)]
+    for node in nodes:
+        assert ITER + 1 not in node.tier.node_dir.own_parts()
+        assert all(ITER + 1 not in held for held in node.tier.node_dir.held_parts().values())
+    nodes[0].tier.on_restored(None, is_rank0_node=True)
+    assert MemIndex(etcd, run_keys).parts() == []
+    assert nodes[0].start_workers({"n0", "n1"})  # and the next generation is g3
+    assert nodes[0].mem_dir.name == "g3"
+
+
+def test_a_part_larger_than_the_budget_pauses_once(cluster, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="elasticft.memckpt")
+    (node,) = cluster(1, budget_gb=1e-6)  # 1000 bytes; a part is over 4 KB
+    node.save(ITER, 1, tmp_path)
+    node.save(ITER + 1, 1, tmp_path)
+    flush([node])
+    assert (node.run_dir / PAUSE_MARKER).exists()
+    paused = [r.getMessage() for r in caplog.records if "paused" in r.getMessage()]
+    assert len(paused) == 1 and "--eft-mem-ckpt-budget-gb" in paused[0]
+    assert [e["paused"] for e in node.kinds(EventKind.MEM_CKPT_PAUSED)] == [True]
+    assert len([r for r in caplog.records if "replica(s) asked for" in r.getMessage()]) == 1
+
+
+def test_pruning_under_the_budget_goes_on(cluster, tmp_path):
+    nodes = cluster(2, budget_gb=10e-6)  # 10 kB: n1's own part and n0's replica leave no room for another
+    save_all(nodes, ITER, tmp_path)
+    n1 = nodes[1]
+    assert (n1.run_dir / PAUSE_MARKER).exists()
+    n1.tier.on_restored(None, is_rank0_node=False)  # the workers went back to disk: every part goes
+    assert not (n1.run_dir / PAUSE_MARKER).exists()
+    assert [e["paused"] for e in n1.kinds(EventKind.MEM_CKPT_PAUSED)] == [True, False]
