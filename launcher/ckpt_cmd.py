@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import NoReturn
 
 import typer
 
 from elasticft.agent.ckpt_protocol import CheckpointProtocol
 from elasticft.contract.keys import RunKeys
+from elasticft.memckpt.index import MemIndex, memory_summary
+from elasticft.rendezvous.membership import running_nodes
 from elasticft.store import StoreError, StoreOptions, connect
+from elasticft.tui.text import memory_text
 
 ckpt_app = typer.Typer(help="Emergency checkpoints of a running job.", no_args_is_help=True)
 
@@ -28,14 +32,17 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def _protocol(endpoint: str, run_id: str, prefix: str) -> CheckpointProtocol:
+def _connect(endpoint: str):
     try:
-        client = connect(StoreOptions(endpoint, timeout=5.0))
+        return connect(StoreOptions(endpoint, timeout=5.0))
     except ValueError as exc:
         _fail(f"--endpoint: {exc}")
     except StoreError as exc:
         _fail(str(exc))
-    return CheckpointProtocol(client, RunKeys(run_id, prefix), source="eft-ckpt")
+
+
+def _protocol(endpoint: str, run_id: str, prefix: str) -> CheckpointProtocol:
+    return CheckpointProtocol(_connect(endpoint), RunKeys(run_id, prefix), source="eft-ckpt")
 
 
 def _request(endpoint: str, run_id: str, prefix: str, exit: bool) -> None:
@@ -76,9 +83,11 @@ def status(
     key_prefix: str = PREFIX,
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    """The last request, the acknowledgements and the latest complete checkpoint."""
+    """The last request, the acknowledgements, the latest complete checkpoint and the newest in memory."""
     try:
-        report = _protocol(endpoint, run_id, key_prefix).status()
+        client, keys = _connect(endpoint), RunKeys(run_id, key_prefix)
+        report = CheckpointProtocol(client, keys, source="eft-ckpt").status()
+        report["memory"] = _memory(client, keys)
     except StoreError as exc:
         _fail(str(exc))
     if as_json:
@@ -92,6 +101,16 @@ def status(
         typer.echo(f"ack:     {ack['request_id']} iteration {ack['iteration']} in {ack['seconds']:.2f} s at {ack['path']}")
     latest = report["latest"]
     typer.echo("latest:  " + (f"iteration {latest['iteration']} at {latest['path']}" if latest else "none"))
+    if report["memory"] is not None:
+        typer.echo("memory:  " + memory_text(report["memory"]))
+
+
+def _memory(client, keys: RunKeys) -> dict | None:
+    """The memory tier's newest iteration that the running nodes can restore (None: tier off)."""
+    summary = memory_summary(MemIndex(client, keys).parts(), set(running_nodes(client, keys)))
+    if summary is not None:
+        summary["age_s"] = time.time() - summary.pop("time") if summary.get("time") else None
+    return summary
 
 
 def register(app: typer.Typer) -> None:

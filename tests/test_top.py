@@ -255,7 +255,7 @@ def test_json_has_the_frame_data(etcd_server, run):
     top = data["gpus"][0]
     assert top["level"] == "high" and top["xids"] == [79] and top["critical"] == "Xid 79" and not top["stale"]
     assert data["gpus"][1]["level"] == "warn" and data["gpus"][-1]["level"] == "ok"
-    assert data["checkpoints"] == {"request": None, "last_ack": None, "latest": None}
+    assert data["checkpoints"] == {"request": None, "last_ack": None, "latest": None, "memory": None}
     assert data["events"][0]["kind"] == "layout"
 
 
@@ -368,3 +368,25 @@ def test_live_json_follows_the_run_and_stops_on_sigterm(etcd_server, run):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_newest_memory_checkpoint_the_live_nodes_can_restore_is_shown(etcd_server, etcd, run):
+    from elasticft.contract.memory import MemPart, part_key
+
+    two_nodes(run)  # node-a and node-b
+    for iteration in (6, 7):
+        for node, other in (("node-a", "node-b"), ("node-b", "node-a")):
+            part = MemPart(node, iteration, "h:1" if node == "node-a" else "h:2", {f"__{node[-1]}_0.distcp": [2_000_000, 1]},
+                           holders=[node, other], addresses={node: "h:1", other: "h:2"},
+                           needs=["__a_0.distcp", "__b_0.distcp"] if node == "node-a" else None, time=time.time())
+            etcd.put(part_key(run.keys.mem_parts, node, iteration), part.to_json())
+    lines = eft(etcd_server, run, "status").output.splitlines()
+    assert "  memory    iteration 7, 0s ago, 4.0 MB; node-a → node-b, node-b → node-a" in lines
+    # node-b is lost and iteration 7's replica of node-b's part was never confirmed: 6 is what can be restored.
+    etcd.put(part_key(run.keys.mem_parts, "node-b", 7),
+             MemPart("node-b", 7, "h:2", {"__b_0.distcp": [2_000_000, 1]}, holders=["node-b"],
+                     addresses={"node-b": "h:2"}).to_json())
+    run.lose("node-b")
+    ckpt = CliRunner().invoke(app, ["ckpt", "status", "--endpoint", etcd_server.endpoint, "--run-id", run.keys.run_id])
+    assert ckpt.exit_code == 0, ckpt.output
+    assert "memory:  iteration 6" in ckpt.output and "node-b → node-a" in ckpt.output

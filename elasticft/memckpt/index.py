@@ -65,6 +65,23 @@ def complete_iterations(parts: list[MemPart], alive: set[str]) -> list[CompleteI
     return out
 
 
+def memory_summary(parts: list[MemPart], alive: set[str]) -> dict | None:
+    """What a person wants to know (``eft top``, ``eft ckpt status``): the newest iteration the
+    live nodes can restore, and who holds each node's part of it; None without any part."""
+    if not parts:
+        return None
+    complete = complete_iterations(parts, alive)
+    newest = complete[0].iteration if complete else None
+    of_newest = sorted((p for p in parts if p.iteration == newest), key=lambda p: p.node)
+    return {
+        "iteration": newest,
+        "newest_written": max(p.iteration for p in parts),
+        "holders": {p.node: list(p.holders) for p in of_newest},
+        "time": max((p.time for p in of_newest), default=None),
+        "bytes": sum(p.size for p in of_newest),
+    }
+
+
 class MemIndex:
     """The run's ``mem/parts/`` keys, read and written through the EtcdClient only."""
 

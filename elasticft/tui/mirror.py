@@ -47,6 +47,7 @@ class RunMirror:
         self._departed: dict[str, dict[int, dict]] = {}  # node -> gpu -> last health record
         self._lost: dict[str, LostNode] = {}
         self._ckpt: dict[str, Record] = {}  # key relative to ckpt/ -> record
+        self._mem: dict[str, Record] = {}  # key relative to mem/parts/ -> a memory checkpoint part
         self._events: dict[str, Record] = {}  # event name -> record
         self._layout: Record | None = None
         self._started: float | None = None
@@ -65,7 +66,7 @@ class RunMirror:
         keys = self._keys
         revisions = []
         listed = []
-        for prefix in (keys.nodes, keys.all_health, keys.checkpoints, keys.events):
+        for prefix in (keys.nodes, keys.all_health, keys.checkpoints, keys.events, keys.mem_parts):
             items, revision = self._client.get_prefix(prefix)
             listed.extend(items)
             revisions.append(revision)
@@ -77,7 +78,7 @@ class RunMirror:
                 singles.append(item)
         with self._lock:
             old_nodes, old_health = self._nodes, self._health
-            self._nodes, self._health, self._ckpt, self._events = {}, {}, {}, {}
+            self._nodes, self._health, self._ckpt, self._events, self._mem = {}, {}, {}, {}, {}
             self._layout, self._started = None, None
             for item in listed + singles:
                 self._apply(WatchEvent(item.key, item.value, False, item.mod_revision))
@@ -135,7 +136,8 @@ class RunMirror:
             return True
         if key.startswith(keys.all_health):
             return self._apply_health(key[len(keys.all_health):], event)
-        for table, prefix in ((self._ckpt, keys.checkpoints), (self._events, keys.events)):
+        for table, prefix in ((self._ckpt, keys.checkpoints), (self._events, keys.events),
+                              (self._mem, keys.mem_parts)):
             if key.startswith(prefix):
                 if event.deleted:
                     table.pop(key[len(prefix):], None)
@@ -236,6 +238,7 @@ class RunMirror:
                 acks={k: v for k, v in acks.items() if isinstance(v, dict)},
                 filtered={k: v for k, v in filtered.items() if isinstance(v, dict)},
                 latest=latest.value if latest is not None and isinstance(latest.value, dict) else None,
+                memory_parts=[r.value for r in self._mem.values() if isinstance(r.value, dict)],
                 events=[self._events[name] for name in sorted(self._events)],
                 lost_seen={n: lost for n, lost in self._lost.items() if n not in self._nodes},
                 temperatures={k: list(v) for k, v in self._temperatures.items()},

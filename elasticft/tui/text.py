@@ -124,7 +124,21 @@ def checkpoint_lines(checkpoints: dict) -> list[tuple[str, str]]:
         latest_text = "none"
     else:
         latest_text = f"iteration {latest['iteration']}, {duration(latest['age_s'])} ago → {latest['path']}"
-    return [("request", request_text), ("last ack", ack_text), ("latest", latest_text)]
+    lines = [("request", request_text), ("last ack", ack_text), ("latest", latest_text)]
+    memory = checkpoints.get("memory")
+    if memory is not None:
+        lines.append(("memory", memory_text(memory)))
+    return lines
+
+
+def memory_text(memory: dict) -> str:
+    """The newest memory iteration the live nodes can restore, and where each node's part lives."""
+    if memory["iteration"] is None:
+        return f"none complete on the live nodes (newest written: {memory['newest_written']})"
+    where = ", ".join(f"{node} → {'+'.join(h for h in holders if h != node) or 'no replica'}"
+                      for node, holders in memory["holders"].items())
+    age = f", {duration(memory['age_s'])} ago" if memory.get("age_s") is not None else ""
+    return f"iteration {memory['iteration']}{age}, {memory['bytes'] / 1e6:.1f} MB; {where}"
 
 
 def gpu_line(row: GpuRow) -> str:

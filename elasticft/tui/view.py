@@ -20,11 +20,14 @@ on it is a ``node_lost`` newer than its ``node_joined``.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 
 from elasticft.contract.events import EventKind, describe
+from elasticft.contract.memory import MemPart
 from elasticft.contract.records import NodeState
 from elasticft.health.trend import temperature_slope
+from elasticft.memckpt.index import memory_summary
 from elasticft.tui.state import RunState
 
 SORTS = ("risk", "node")
@@ -226,7 +229,20 @@ def _checkpoints(state: RunState, now: float, settings: ViewSettings) -> dict:
     if state.latest is not None:
         latest = {k: state.latest.get(k) for k in ("iteration", "path", "seconds")}
         latest["age_s"] = _age(now, state.latest.get("time"))
-    return {"request": request, "last_ack": last_ack, "latest": latest}
+    memory = memory_summary(_parts(state.memory_parts), set(state.nodes))
+    if memory is not None:
+        memory["age_s"] = _age(now, memory.pop("time"))
+    return {"request": request, "last_ack": last_ack, "latest": latest, "memory": memory}
+
+
+def _parts(raw: list[dict]) -> list[MemPart]:
+    parts = []
+    for value in raw:
+        try:
+            parts.append(MemPart.from_json(json.dumps(value)))
+        except (TypeError, ValueError):
+            continue  # a record of another version: not shown
+    return parts
 
 
 def _restarts(events: list[tuple[int, dict]]) -> int:
