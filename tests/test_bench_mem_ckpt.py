@@ -20,8 +20,8 @@ REPLICA_ROWS = ["replicate: crc32 of the part", "replicate: push to a peer over 
 def test_quick_run_prints_the_table_and_goals(tmp_path):
     before = set(os.listdir("/dev/shm"))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "bench/mem_ckpt.py", "--quick", "--repeat", "1", "--disk-dir", str(tmp_path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    cmd = [sys.executable, "bench/mem_ckpt.py", "--quick", "--repeat", "1", "--disk-dir", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "50 MB per node:" in out
