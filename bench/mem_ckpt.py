@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import importlib
 import json
 import os
 import shutil
@@ -52,38 +51,19 @@ if not torch.cuda.is_available():  # megatron-core needs it before its first imp
 MB = 1_000_000
 MAX, SUM = dist.ReduceOp.MAX, dist.ReduceOp.SUM
 COLS = 1024  # float32 columns of every tensor: 4 KiB rows
-# Teammates' modules in progress, used from their checkouts until they are merged here.
-ELSEWHERE = {"elasticft.worker.snapshot": ("elasticft.worker", Path("/work/main/elasticft/worker")),
-             "elasticft.memckpt.transfer": ("elasticft", Path("/work/wt-memckpt/elasticft"))}  # package, its folder
 
-
-def _import(name: str):
-    """(module, where from): from this checkout, else its package's path is extended with
-    the teammate's folder (``sys.path`` alone cannot: ``elasticft`` is already this checkout's)."""
-    try:
-        return importlib.import_module(name), "this checkout"
-    except ImportError:
-        package, folder = ELSEWHERE[name]
-        if not folder.joinpath(*name.split(".")[len(package.split(".")):]).with_suffix(".py").is_file():
-            raise
-        importlib.import_module(package).__path__.append(str(folder))
-        return importlib.import_module(name), str(folder)
-
-
-snapshot, SNAPSHOT_FROM = _import("elasticft.worker.snapshot")
-try:
-    transfer, TRANSFER_FROM = _import("elasticft.memckpt.transfer")
-    from elasticft.memckpt.node_dir import NodeDir, iter_name, list_part
-    from elasticft.memckpt.server import ShardServer
-except ImportError as exc:
-    transfer, TRANSFER_FROM = None, f"nowhere ({exc}): replication not measured"
+from elasticft.memckpt import transfer  # noqa: E402
+from elasticft.memckpt.node_dir import NodeDir, iter_name, list_part  # noqa: E402
+from elasticft.memckpt.server import ShardServer  # noqa: E402
+from elasticft.worker import snapshot  # noqa: E402
 
 
 # -- the state -----------------------------------------------------------------------
 
-def _tensors(rank: int, ranks: int, mb: float, count: int) -> list[torch.Tensor]:
+def _tensors(rank: int, ranks: int, mb: float, count: int, device: str) -> list[torch.Tensor]:
     rows = max(1, int(mb * MB / ranks / count / (4 * COLS)))
-    return [torch.randn(rows, COLS, generator=torch.Generator().manual_seed(rank * count + i)) for i in range(count)]
+    return [torch.randn(rows, COLS, generator=torch.Generator().manual_seed(rank * count + i)).to(device)
+            for i in range(count)]
 
 
 def _sharded(tensors: list[torch.Tensor], rank: int, ranks: int, iteration: int = 0) -> dict:
@@ -210,12 +190,16 @@ class Replication:
 # -- one size, on every rank -------------------------------------------------------------
 
 
-def _rank_main(rank: int, ranks: int, mb: float, count: int, repeat: int, shm: str, disk: str) -> None:
+def _rank_main(rank: int, ranks: int, mb: float, count: int, repeat: int, shm: str, disk: str,
+               device: str = "cpu") -> None:
     from megatron.core import dist_checkpointing
 
-    dist.init_process_group("gloo", init_method=f"file://{shm}/init", rank=rank, world_size=ranks)
+    if device == "cuda":  # the state on the GPU: the snapshot's stall is the device-to-host copy
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo", init_method=f"file://{shm}/init",
+                            rank=rank, world_size=ranks)
     snapshot.in_process_results_queue()  # the disk saves too: no spawned Manager at the first save
-    tensors = _tensors(rank, ranks, mb, count)
+    tensors = _tensors(rank, ranks, mb, count, device)
     sums = [t.sum(dtype=torch.float64).item() for t in tensors]
     lead, root, disk_dir, restore_dir = rank == 0, Path(shm), Path(disk) / "iter_0000001", Path(shm) / "restore"
     out: dict = {"state_bytes": _reduce(SUM, sum(t.numel() * t.element_size() for t in tensors)),
@@ -305,8 +289,9 @@ def run_size(mb: float, args) -> dict:
     shm = Path(tempfile.mkdtemp(prefix="eft-bench-", dir="/dev/shm"))
     disk = Path(tempfile.mkdtemp(prefix="eft-bench-", dir=args.disk_dir))
     try:
-        mp.start_processes(_rank_main, args=(args.ranks, mb, args.tensors, args.repeat, str(shm), str(disk)),
-                           nprocs=args.ranks, join=True, start_method="fork")
+        mp.start_processes(_rank_main, args=(args.ranks, mb, args.tensors, args.repeat, str(shm), str(disk),
+                                             args.device),
+                           nprocs=args.ranks, join=True, start_method="spawn" if args.device == "cuda" else "fork")
         return json.loads((shm / "result.json").read_text())
     finally:
         shutil.rmtree(shm, ignore_errors=True)
@@ -376,15 +361,18 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=1, help="gloo ranks forked, each with size/ranks (default 1)")
     parser.add_argument("--tensors", type=int, default=16, help="ShardedTensors per rank (default 16)")
     parser.add_argument("--disk-dir", help="where the disk baseline writes (default: the temp dir if not tmpfs)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where the state lives (default: cuda when there is one)")
     args = parser.parse_args()
     sizes = [50.0] if args.quick else [float(s) for s in args.sizes.split(",")]
     if args.disk_dir is None:
         args.disk_dir = tempfile.gettempdir() if not fs_of(tempfile.gettempdir()).startswith("tmpfs") else "/var/tmp"
-    print(f"memory checkpoints: {args.ranks} gloo rank(s), {os.cpu_count()} CPU cores, "
-          f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM, torch {torch.__version__}, "
-          f"{'CUDA' if torch.cuda.is_available() else 'CPU (cpu_mode)'}; median of {args.repeat} after a warm-up")
+    where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU" + (
+        "" if torch.cuda.is_available() else " (cpu_mode)")
+    print(f"memory checkpoints: {args.ranks} rank(s), {os.cpu_count()} CPU cores, "
+          f"{psutil.virtual_memory().total / 2**30:.0f} GiB RAM, torch {torch.__version__}, state on {where}; "
+          f"median of {args.repeat} after a warm-up")
     print(f"memory part in /dev/shm ({fs_of('/dev/shm')}); disk baseline in {args.disk_dir} ({fs_of(args.disk_dir)})")
-    print(f"Snapshot from {SNAPSHOT_FROM}; HTTP transfer from {TRANSFER_FROM}")
     if fs_of(args.disk_dir).startswith("tmpfs"):
         print(f"WARNING: {args.disk_dir} is tmpfs: the disk baseline is memory too")
     summary = []

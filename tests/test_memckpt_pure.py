@@ -106,3 +106,18 @@ def test_incomplete_cases():
 def test_newest_first():
     parts = [part(n, k, [".metadata", "__0_0.distcp", "__1_0.distcp"], [n], NEEDS) for n, k in (("a", 4), ("a", 7))]
     assert [c.iteration for c in complete_iterations(parts, {"a"})] == [7, 4]
+
+
+def test_a_share_lost_with_every_holder_is_named_and_an_unpublished_one_is_not():
+    from elasticft.contract.memory import MemPart
+    from elasticft.memckpt.index import lost_share
+
+    def part(node, iteration, holders):
+        return MemPart(node, iteration, "h:1", {f"__{node}_0.distcp": [1, 1]}, holders=holders)
+
+    parts = [part("a", 12, ["a", "b"]), part("b", 12, ["b", "c"]), part("c", 12, ["c", "a"]),
+             part("a", 13, ["a", "b"]), part("b", 13, ["b", "c"])]  # c died before publishing 13
+    assert lost_share(parts, {"a", "b", "c"}, None) is None
+    assert lost_share(parts, {"a"}, None) == (13, "b's share has no live copy (held by b, c)")
+    assert lost_share(parts, {"a"}, 13) is None  # nothing newer than what can be restored
+    assert lost_share(parts, {"b", "c"}, None) is None  # a's shares live on b

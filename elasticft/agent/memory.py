@@ -19,6 +19,7 @@ from typing import Callable
 from elasticft.agent.checkpoints import CheckpointCoordinator
 from elasticft.agent.context import AgentContext
 from elasticft.config import MemoryConfig, env_name
+from elasticft.contract.checkpoints import iter_dir_name
 from elasticft.contract.events import EventKind
 from elasticft.contract.faults import FaultKind, parse_faults
 from elasticft.contract.memory import HELD_DIR
@@ -67,23 +68,25 @@ class MemoryService:
         self._reached = max(beats, default=self._reached)
         if self.tier is None:
             return {}
-        self._inject_corruption(group_rank)
         members = self._ctx.membership.members()
         domains = {node: record.domain for node, record in members.items()}
         domains[self._ctx.node_id] = self.config.domain()
         self.tier.set_members(domains)
+        self._inject_corruption(group_rank, set(domains))
         return self.tier.prepare_start(set(domains), self._reached)
 
-    def _inject_corruption(self, group_rank: int | None) -> None:
-        """``--eft-inject replica_corrupt:NODE@I``: one flipped byte in the newest replica held here."""
+    def _inject_corruption(self, group_rank: int | None, alive: set[str]) -> None:
+        """``--eft-inject replica_corrupt:NODE@I``: one flipped byte in a replica held here of the
+        newest iteration the survivors could restore."""
         for fault in parse_faults(self._inject):
             marker = self._run_dir / (FIRED_PREFIX + fault.name)
             if (fault.kind is not FaultKind.REPLICA_CORRUPT or fault.target != group_rank or marker.exists()
                     or self._reached is None or self._reached < fault.iteration):
                 continue
+            newest = self.tier.newest_complete(alive)
             held = Path(self.config.mem_ckpt_dir) / self._ctx.keys.run_id / self._ctx.node_id / HELD_DIR
-            parts = sorted(held.glob("*/iter_*"), key=lambda d: d.name)
-            files = sorted((f for f in parts[-1].iterdir() if f.is_file()), key=lambda f: f.stat().st_size) \
+            parts = sorted(held.glob(f"*/{iter_dir_name(newest)}")) if newest is not None else []
+            files = sorted((f for f in parts[0].iterdir() if f.is_file()), key=lambda f: f.stat().st_size) \
                 if parts else []
             if not files:
                 continue

@@ -65,6 +65,19 @@ def complete_iterations(parts: list[MemPart], alive: set[str]) -> list[CompleteI
     return out
 
 
+def lost_share(parts: list[MemPart], alive: set[str], newer_than: int | None) -> tuple[int, str] | None:
+    """The newest iteration above ``newer_than`` that some node published but no live node holds
+    a copy of: (iteration, why). A share never published (its node died before its agent could
+    tell etcd) is not counted: that iteration was never restorable, so nothing was lost."""
+    for part in sorted(parts, key=lambda p: (-p.iteration, p.node)):
+        if newer_than is not None and part.iteration <= newer_than:
+            break
+        if not any(h in alive for h in part.holders):
+            return part.iteration, (f"{part.node}'s share has no live copy "
+                                    f"(held by {', '.join(part.holders) or 'nobody'})")
+    return None
+
+
 def memory_summary(parts: list[MemPart], alive: set[str]) -> dict | None:
     """What a person wants to know (``eft top``, ``eft ckpt status``): the newest iteration the
     live nodes can restore, and who holds each node's part of it; None without any part."""

@@ -16,26 +16,18 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from elasticft.contract.checkpoints import iter_dir_name as iter_name  # noqa: F401 - the tier names it so
+from elasticft.contract.checkpoints import iteration_of
 from elasticft.contract.memory import HELD_DIR, OWN_DIR, RESTORE_DIR, generation_dir
 
 log = logging.getLogger(__name__)
 
 CHUNK = 8 << 20  # crc32 and copies stream in 8 MiB pieces: a shard may be many GB
-_ITER = re.compile(r"^iter_(\d+)$")
 _GEN = re.compile(r"^g(\d+)$")
 # A path component that comes from a peer (node id, file name) may use only these characters,
 # so that no request can name anything outside the node directory.
 _SAFE = re.compile(r"^[A-Za-z0-9_.@:+=,-]+$")
 
-
-def iter_name(iteration: int) -> str:
-    """megatron's directory name for an iteration (``iter_0000012``)."""
-    return f"iter_{iteration:07d}"
-
-
-def iteration_of(name: str) -> int | None:
-    match = _ITER.match(name)
-    return int(match.group(1)) if match else None
 
 
 def safe_component(name: str) -> bool:

@@ -131,7 +131,7 @@ class Replicator:
                 if not (isinstance(job, _Saved) and any(isinstance(j, _Saved) and j.iteration > job.iteration
                                                         for j in self._jobs)):
                     break
-                log.info("memory checkpoint %d not replicated: a newer one is already waiting", job.iteration)
+                log.debug("memory checkpoint %d not replicated: a newer one is already waiting", job.iteration)
             self._busy = True
             return job
 
@@ -147,7 +147,8 @@ class Replicator:
     def _replicate(self, job: _Saved) -> None:
         files = list_part(job.path)
         if not files:
-            log.warning("memory checkpoint %d: %s holds no files; not published", job.iteration, job.path)
+            # Normal with data parallelism: only one replica of each shard is written.
+            log.debug("memory checkpoint %d: %s holds no files; not published", job.iteration, job.path)
             return
         needs = needs_of(job.path) if DCP_METADATA in files else None
         part = MemPart(node=self.node_id, iteration=job.iteration, address=self.address, files=files,

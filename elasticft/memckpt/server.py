@@ -21,7 +21,6 @@ import threading
 import uuid
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Callable
 from urllib.parse import unquote
 

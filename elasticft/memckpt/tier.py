@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Callable
 
 from elasticft.config import MemoryConfig
+from elasticft.contract.events import EventKind
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.memory import RESTORE_FILE, RestorePlan
 from elasticft.contract.run_dir import WorkerEnv, write_atomically
 from elasticft.memckpt.budget import PauseGate
-from elasticft.memckpt.index import MemIndex, complete_iterations
+from elasticft.memckpt.index import MemIndex, complete_iterations, lost_share
 from elasticft.memckpt.node_dir import NodeDir
 from elasticft.memckpt.replicator import Replicator
 from elasticft.memckpt.restore import assemble_candidates
@@ -131,15 +132,27 @@ class MemoryTier:
             generation, own = self.node_dir.new_generation()
             self.node_dir.clear_restore()
             try:
-                complete = complete_iterations(self.index.parts(), set(alive))
+                parts = self.index.parts()
             except StoreError as exc:
                 log.warning("memory tier: cannot read the index (%s); no memory checkpoint for this start", exc)
-                complete = []
+                parts = []
+            complete = complete_iterations(parts, set(alive))
+            self._report_lost_share(parts, set(alive), complete[0].iteration if complete else None)
             candidates = assemble_candidates(self.node_dir, self.node_id, self.keys.run_id, complete, self.record,
                                              self.timeout)
         plan = RestorePlan(candidates=candidates, generation=generation, reached=reached)
         write_atomically(self.run_dir / RESTORE_FILE, plan.to_json())
         return {WorkerEnv.MEM_DIR.value: str(own)}
+
+    def _report_lost_share(self, parts, alive: set[str], newest_complete: int | None) -> None:
+        """A newer iteration was lost with its node and every replica holder: say so, once per start."""
+        lost = lost_share(parts, alive, newest_complete)
+        if lost is None:
+            return
+        then = ("the newest disk checkpoint" if newest_complete is None
+                else f"iteration {newest_complete} from memory")
+        log.warning("memory checkpoint %d cannot be restored: %s; falling back to %s", lost[0], lost[1], then)
+        self.record(EventKind.MEM_CKPT_FALLBACK, iteration=lost[0], why=lost[1], then=then)
 
     def newest_complete(self, alive: set[str]) -> int | None:
         complete = complete_iterations(self.index.parts(), set(alive))

@@ -64,8 +64,9 @@ class MemoryCheckpoints:
         self.run_dir = Path(hook.run_dir) if hook.run_dir else None
         # Snapshots need eft-run, an interval and the agent's directory; restore() works without.
         self.inert = hook.inert or self.interval <= 0 or not self.dir
-        self.last_stall: float | None = None  # seconds the loop waited for the newest snapshot
+        self.last_stall: float | None = None  # seconds the loop waited for the newest complete snapshot
         self.last_complete: int | None = None
+        self.last_seconds: float | None = None  # from the newest complete snapshot's start to its finalization
         self._pending: Snapshot | None = None
         self._agreed = [0, 0, 0]
         self._reporter = not hook.inert and int(os.environ.get("LOCAL_RANK", "0")) == 0  # tells the node's agent
@@ -108,7 +109,6 @@ class MemoryCheckpoints:
             self._pending = Snapshot.start(iteration, path, state_fn(), self._copier, self._strategy,
                                            validate=not self._validated)
             self._validated = True
-            self.last_stall = self._pending.stall
 
     def flush(self) -> None:
         """Every rank, at the same iteration: wait for the snapshot in flight and finish it.
@@ -131,6 +131,8 @@ class MemoryCheckpoints:
         if not ok:
             return
         self.last_complete = snapshot.iteration
+        self.last_seconds = seconds
+        self.last_stall = snapshot.stall
         if self._reporter:
             self._outbox.send({"type": OutboxKind.MEM_SAVED, "iteration": snapshot.iteration,
                                "path": str(snapshot.path), "seconds": seconds, "stall": snapshot.stall,

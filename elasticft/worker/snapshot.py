@@ -7,8 +7,8 @@ and the finalization as an ``AsyncRequest``. Megatron-LM forks a process for the
 and checks with an all-reduce every iteration whether all ranks are done.
 
 ``Snapshot`` does the same with less: before planning, it copies every tensor of the
-state into host memory (device-to-host on a GPU, into pinned buffers reused across
-snapshots; a clone on the CPU, since training updates the parameters in place), so the
+state into host memory (device-to-host on a GPU, into pinned buffers; a copy on the CPU,
+since training updates the parameters in place; buffers reused across snapshots), so the
 write can run on a plain thread, from tensors nobody else touches, while training goes
 on. Whether every rank's write is done is part of the hook's vote (``memory.py``), so
 the finalization costs no collective of its own. The files are ordinary torch_dist files:
@@ -18,10 +18,12 @@ the finalization costs no collective of its own. The files are ordinary torch_di
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -50,10 +52,18 @@ def in_process_results_queue() -> None:
 
 
 class HostCopier:
-    """Copies of a sharded state dict's tensors in host memory, buffers reused per slot."""
+    """Copies of a sharded state dict's tensors in host memory, one buffer per tensor slot,
+    reused from one snapshot to the next.
+
+    Reuse matters: writing into fresh memory costs a page fault per 4 KiB (about 1 GB/s on
+    a VM), into memory touched before it is a memcpy; and on a GPU, pinned buffers are what
+    make the device-to-host copy asynchronous and fast. A buffer is reused only once the
+    snapshot that used it is finalized (one snapshot at a time), so no write reads a buffer
+    that is being refilled.
+    """
 
     def __init__(self) -> None:
-        self._pinned: dict[int, torch.Tensor] = {}  # GPU tensor slot -> its pinned buffer
+        self._buffers: dict[int, torch.Tensor] = {}  # tensor slot (walk order) -> its host buffer
         self.bytes = 0
 
     def copy(self, state: dict) -> dict:
@@ -65,15 +75,14 @@ class HostCopier:
         def tensor(t: torch.Tensor) -> torch.Tensor:
             t = t.detach()
             self.bytes += t.numel() * t.element_size()
-            if t.device.type == "cpu":
-                return t.clone(memory_format=torch.contiguous_format)
-            on_gpu[0] = True
             slot[0] += 1
-            buf = self._pinned.get(slot[0])
+            gpu = t.device.type != "cpu"
+            on_gpu[0] |= gpu
+            buf = self._buffers.get(slot[0])
             if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-                buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
-                self._pinned[slot[0]] = buf
-            buf.copy_(t, non_blocking=True)
+                buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=gpu)
+                self._buffers[slot[0]] = buf
+            buf.copy_(t, non_blocking=gpu)
             return buf
 
         copied = self._walk(state, tensor)
@@ -133,7 +142,7 @@ class Snapshot:
     def _write(self) -> None:
         try:
             if self._request.async_fn is not None:  # None: nothing of this rank's to write
-                self._request.async_fn(*self._request.async_fn_args)
+                write_in_this_thread(self._request)
         except BaseException as exc:  # noqa: BLE001 - reported through the vote, raised by nobody
             self._error = exc
             log.warning("memory snapshot of iteration %d failed on this rank: %s", self.iteration, exc)
@@ -168,6 +177,47 @@ class Snapshot:
                 ok = False
                 log.warning("memory snapshot of iteration %d: finalization failed: %s", self.iteration, exc)
         return time.perf_counter() - self._started, ok
+
+
+def write_in_this_thread(request) -> None:
+    """Run an ``AsyncRequest``'s write on the calling thread, without the process megatron forks.
+
+    megatron-core's write function forks a process per file. From a training process that
+    is costly twice over: the fork copies the page tables of a process holding the whole
+    model, and until the child exits every page the training loop writes to (parameters,
+    optimizer state, the next snapshot's buffers) takes a copy-on-write fault. Our tensors
+    are already private host copies, so the same per-file writer runs here instead, and
+    its results reach the queue the finalization reads in the shape the forking function
+    gives them. Any other write function (a megatron-core that changed) runs as it is.
+    """
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+
+    fn = request.async_fn
+    if not (isinstance(fn, functools.partial) and fn.func is FileSystemWriterAsync.write_preloaded_data_multiproc
+            and len(fn.args) == 2 and len(request.async_fn_args) == 3):
+        fn(*request.async_fn_args)
+        return
+    transform_list, use_msc = fn.args
+    _rank, buckets, results_queue = request.async_fn_args
+    local: queue.Queue = queue.Queue()
+    done: queue.Queue = queue.Queue()  # the writer marks each bucket done on it
+
+    def write(index: int, bucket) -> None:
+        done.put(index)
+        FileSystemWriterAsync.write_preloaded_data(transform_list, index, bucket, local, done, use_fsync=False,
+                                                   use_msc=use_msc)
+
+    # One thread per file: the bytes go out in file.write calls, which release the GIL.
+    with ThreadPoolExecutor(max_workers=len(buckets), thread_name_prefix="eft-snapshot-write") as pool:
+        list(pool.map(write, range(len(buckets)), buckets))
+    results: dict | BaseException = {}
+    for _ in buckets:
+        index, written = local.get()
+        if isinstance(written, BaseException):
+            results = written
+            break
+        results[index] = written
+    results_queue.put(results)
 
 
 def save_strategy():

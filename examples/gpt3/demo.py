@@ -1,7 +1,7 @@
 """The eft demo: a megatron-core GPT on two simulated nodes survives a dying GPU and a lost node.
 
-Two eft-run agents (2 workers each, TP2 x PP1 x DP2) share one embedded etcd on this
-machine. Every iteration each rank snapshots its state into host memory, and each node's
+Two eft-run agents (2 workers each, TP2 x PP2: each node holds half of the layers) share
+one embedded etcd on this machine. Every iteration each rank snapshots its state into host memory, and each node's
 agent copies its node's share to the other node (the memory tier). After iteration
 --degrade-at the GPU of rank 2 (node 1) starts to fail; node 1's health sampler sees it
 and asks for an emergency checkpoint; every rank saves the same iteration. After
@@ -41,17 +41,19 @@ from elasticft.store import EmbeddedEtcd, StoreOptions, connect
 
 MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
          "--max-position-embeddings", "32", "--vocab-size", "128", "--global-batch-size", "8",
-         "--micro-batch-size", "1", "--lr", "5e-3", "--seed", "1234"]
+         "--lr", "5e-3", "--seed", "1234"]
 
 
 def train_args(out: Path, args) -> list[str]:
     return [str(HERE / "train.py"), *MODEL, "--train-iters", str(args.train_iters),
+            "--micro-batch-size", str(getattr(args, "micro_batch_size", 1)),
             "--tensor-model-parallel-size", "2", "--save", str(out / "ckpt"), "--load", str(out / "ckpt"),
             "--save-interval", str(args.save_interval), "--log-file", str(out / "train.jsonl")]
 
 
 def agent(endpoint: str, run_id: str, out: Path, args, name: str, faults: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "launcher.eft_run", "--nnodes", f"1:{args.nodes}", "--nproc-per-node", "2",
+    cmd = [sys.executable, "-m", "launcher.eft_run", "--nnodes", f"1:{args.nodes}",
+           "--nproc-per-node", str(getattr(args, "procs", 2)),
            "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
            "--eft-node-id", name, "--eft-health-interval", "0.5", "--max-restarts", "1",
            "--eft-mem-ckpt-interval", str(0 if args.no_memory else args.mem_ckpt_interval)]
@@ -87,6 +89,9 @@ def run(args) -> dict:
                 if time.monotonic() > deadline:
                     raise SystemExit(f"demo: no result within {args.timeout} s; logs in {out}")
                 done = [r["iteration"] for r in iterations(out) if r.get("event") == "iteration"]
+                if getattr(args, "during", None) is not None:  # a test's own faults
+                    args.during(etcd.endpoint, run_id, dict(zip((f"node{i}" for i in range(len(nodes))), nodes)),
+                                done[-1] if done else 0)
                 if args.comeback_at and comeback is None and done and done[-1] >= args.comeback_at \
                         and nodes[1].poll() is not None:
                     comeback = agent(etcd.endpoint, run_id, out, args, "node1-again", "")
@@ -118,6 +123,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-memory", action="store_true", help="no memory checkpoints: disk only")
     parser.add_argument("--compare", action="store_true", help="run with and without the memory tier")
     parser.add_argument("--nodes", type=int, default=2, help="simulated nodes (2 workers each)")
+    parser.add_argument("--micro-batch-size", type=int, default=8,
+                        help="8 (the whole global batch): no data parallelism, so TP2 x PP2 spans both nodes "
+                             "and a lost node's share of the state exists only in its replica")
     parser.add_argument("--timeout", type=float, default=300)
     args = parser.parse_args(argv)
     if not args.compare:

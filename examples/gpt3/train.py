@@ -342,7 +342,8 @@ def main(argv=None) -> int:
         memory.step(iteration, lambda: trainer.checkpoint_state(iteration))  # noqa: B023 - called now
         if memory.last_complete != in_memory:
             in_memory = memory.last_complete
-            log.record(event="mem_saved", iteration=in_memory, stall=memory.last_stall, **layout)
+            log.record(event="mem_saved", iteration=in_memory, stall=memory.last_stall, seconds=memory.last_seconds,
+                       **layout)
         injector.after_iteration(iteration)
     else:
         memory.flush()
