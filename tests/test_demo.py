@@ -46,7 +46,8 @@ def reference(demo, tmp_path_factory):
 
 def scenario(demo, out: Path, **overrides):
     args = argparse.Namespace(out=str(out), train_iters=ITERS, save_interval=SAVE_INTERVAL, degrade_at=DEGRADE_AT,
-                              lose_at=LOSE_AT, no_health=False, comeback_at=0, timeout=280)
+                              lose_at=LOSE_AT, no_health=False, comeback_at=0, timeout=280,
+                              nodes=2, no_memory=True, mem_ckpt_interval=0)  # the disk tier's story (see test_mem_ckpt_e2e)
     for key, value in overrides.items():
         setattr(args, key, value)
     result = demo.run(args)
