@@ -163,3 +163,83 @@ def test_restore_takes_memory_only_where_every_node_has_it_ready(tmp_path):
         write_atomically(again / f"run{rank}" / RESTORE_FILE, plan.to_json())
     results = run(again, iterations=0)
     assert [r["restored"][:2] for r in results] == [[None, "none"], [None, "none"]]
+
+
+def saves_main(rank: int, root: str, iterations: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(RANKS), LOCAL_RANK="0",
+                      EFT_RUN_DIR=f"{root}/run{rank}", EFT_EXIT_SIGNALS="")
+    dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=RANKS)
+    sys.path.insert(0, str(EXAMPLE))
+    import cpu_mode
+
+    cpu_mode.enable()
+    from elasticft.worker import CheckpointDir, Hook
+    from elasticft.worker.async_save import AsyncSaves
+
+    hook = Hook()
+    saves = AsyncSaves(hook, CheckpointDir(f"{root}/disk"))
+    value, done = torch.zeros(ROWS, COLUMNS), []
+    for iteration in range(1, iterations + 1):
+        time.sleep(STEP_SECONDS)
+        value.fill_(iteration * 10 + rank)  # the optimizer, in place, while the save is being written
+        hook.step(iteration)
+        done.append(saves.step())
+        if iteration % 3 == 0:
+            saves.start(iteration, state(value, rank, iteration))
+    done.append(saves.flush())
+    Path(f"{root}/result{rank}.json").write_text(json.dumps({"done": [d for d in done if d is not None]}))
+    dist.destroy_process_group()
+
+
+def run_saves(root: Path, iterations: int = 9) -> list[dict]:
+    mp.start_processes(saves_main, args=(str(root), iterations), nprocs=RANKS, start_method="fork")
+    return [json.loads((root / f"result{r}.json").read_text()) for r in range(RANKS)]
+
+
+def test_periodic_disk_saves_complete_in_the_background_and_hold_their_iteration(tmp_path):
+    from elasticft.worker import CheckpointDir
+
+    results = run_saves(tmp_path)
+    assert results[0]["done"] == results[1]["done"] == [3, 6, 9]  # every rank finished each at one iteration
+    disk = CheckpointDir(tmp_path / "disk")
+    assert disk.tracked_iteration() == 9 and disk.complete_iterations() == [9, 6]
+    acks = [m for m in take_outbox(tmp_path / "run0") if m["type"] == OutboxKind.ACK]
+    assert [m["iteration"] for m in acks] == [3, 6, 9]  # rank 0 told its agent of each
+    path = assemble_single(disk.dir_of(6))
+    assert path == [60.0, 61.0]  # what training held at iteration 6, not later
+
+
+def test_a_disk_save_that_fails_is_never_marked_complete(tmp_path):
+    import subprocess
+
+    from elasticft.worker import CheckpointDir
+
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "disk" / "iter_0000006").mkdir()  # this save's directory fills up: ENOSPC
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(tmp_path / "disk" / "iter_0000006")],
+                   check=True)
+    try:
+        results = run_saves(tmp_path)
+    finally:
+        subprocess.run(["umount", str(tmp_path / "disk" / "iter_0000006")], check=True)
+    assert results[0]["done"] == results[1]["done"] == [3, 9]  # training went on past the failed one
+    disk = CheckpointDir(tmp_path / "disk")
+    assert disk.tracked_iteration() == 9 and 6 not in disk.complete_iterations()
+
+
+def assemble_single(path: Path) -> list[float]:
+    """Load a two-rank checkpoint in one process: each rank's first row."""
+    import subprocess
+
+    code = f"""
+import os, sys, torch, torch.distributed as dist
+sys.path.insert(0, {str(EXAMPLE)!r}); import cpu_mode; cpu_mode.enable()
+dist.init_process_group("gloo", init_method="file://{path}.store", rank=0, world_size=1)
+from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing import ShardedTensor
+out = dist_checkpointing.load({{"w": ShardedTensor.from_rank_offsets("w", torch.empty(2 * {ROWS}, {COLUMNS}), (0, 0, 1))}}, {str(path)!r})
+print(out["w"][0, 0].item(), out["w"][{ROWS}, 0].item())
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [float(x) for x in done.stdout.split()]

@@ -163,19 +163,26 @@ class Snapshot:
         ``.metadata`` and ``metadata.json``. Returns the seconds since ``start`` and whether
         this rank's part succeeded.
 
-        A step that fails here is logged and the next still runs: the last one is a
-        barrier that the other ranks are waiting in. A write that failed on any rank fails
-        here on every rank (megatron-core broadcasts it), so all drop the snapshot alike.
+        A write that failed on any rank fails the first step on every rank (megatron-core
+        broadcasts it), so all drop the snapshot alike. A later step that fails on rank 0
+        (metadata.json) still meets the others in the barrier they are waiting in.
         """
         from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
+        first, *rest = self._request.finalize_fns
+        try:
+            first()  # the write results: a failure on any rank raises on every rank
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - the snapshot is lost, training is not
+            log.warning("memory snapshot of iteration %d: finalization failed: %s", self.iteration, exc)
+            return time.perf_counter() - self._started, False
         ok = True
-        for finalize in self._request.finalize_fns:
+        for finalize in rest:  # rank 0 writes metadata.json, then every rank meets in a barrier
             try:
                 finalize()
-            except (Exception, CheckpointException) as exc:  # noqa: BLE001 - the snapshot is lost, training is not
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001
                 ok = False
-                log.warning("memory snapshot of iteration %d: finalization failed: %s", self.iteration, exc)
+                log.warning("snapshot of iteration %d: finalization failed: %s", self.iteration, exc)
+                torch.distributed.barrier()  # the one this rank skipped; the others wait in it
         return time.perf_counter() - self._started, ok
 
 

@@ -27,3 +27,10 @@ def layout_text(layout: dict) -> str:
     if not layout:
         return "an unknown layout"
     return f"TP{layout['tp']}xPP{layout['pp']}xDP{layout['dp']} ({layout['world_size']} ranks)"
+
+
+def log_async_save(log, iteration: int, saves, checkpoints, layout: dict) -> None:
+    """A periodic save that completed in the background (elasticft.worker.async_save)."""
+    log.record(event="save", iteration=iteration, seconds=None, stall=saves.last_stall,
+               path=str(checkpoints.dir_of(iteration)), reason="interval", **layout)
+    log.say(f"saved iteration {iteration} (interval; training stalled {saves.last_stall:.2f} s)")

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, also
 
 from gpt_args import layout_problems, parse_args  # noqa: E402
 from gpt_data import micro_batches  # noqa: E402
-from run_log import Log, layout_text  # noqa: E402
+from run_log import Log, layout_text, log_async_save  # noqa: E402
 
 CHECKPOINT_VERSION = 3.0
 KEEP_CHECKPOINTS = 2
@@ -289,6 +289,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     trainer = Trainer(args)
     from elasticft.worker import CheckpointDir, Hook, MemoryCheckpoints
+    from elasticft.worker.async_save import AsyncSaves
     from elasticft.worker.inject import FaultInjector
 
     rank = trainer.rank
@@ -300,6 +301,7 @@ def main(argv=None) -> int:
     hook = Hook(save_interval=args.save_interval, group=group)
     memory = MemoryCheckpoints(hook)  # --eft-mem-ckpt-interval under eft-run; inert otherwise
     iteration, source = resume(trainer, memory, args, log, layout)
+    saves = AsyncSaves(hook, checkpoints) if checkpoints is not None else None  # periodic saves, off the loop
     hook.last_saved_iteration = iteration
     injector = FaultInjector.from_env()  # --eft-inject: demo and test faults, off otherwise
     log.record(event="start", iteration=iteration, train_iters=args.train_iters, source=source, **layout)
@@ -320,17 +322,24 @@ def main(argv=None) -> int:
             log.say(f"iteration {iteration:6d}/{args.train_iters} | loss {loss:.6f} | "
                     f"{seconds * 1000:.0f} ms")
         action = hook.step(iteration)
+        if saves is not None and (done := saves.step()) is not None:
+            log_async_save(log, done, saves, checkpoints, layout)
         periodic = args.save_interval is not None and iteration % args.save_interval == 0
         exit_now = args.exit_interval is not None and iteration % args.exit_interval == 0
-        if (action.save or periodic or exit_now) and checkpoints is not None:
+        if (action.save or exit_now) and checkpoints is not None:
             memory.flush()  # the snapshot in flight first: both tiers write through torch_dist
+            saves.flush()
             with hook.section("checkpointing"):  # timed against --eft-timeouts' checkpointing
                 path, seconds = trainer.save(checkpoints, iteration)
             last_saved = iteration
             hook.saved(iteration, path, seconds)
-            reason = action.reason or ("interval" if periodic else "exit_interval")
+            reason = action.reason or "exit_interval"
             log.record(event="save", iteration=iteration, seconds=seconds, path=path, reason=reason, **layout)
             log.say(f"saved iteration {iteration} in {seconds:.2f} s ({reason})")
+        elif periodic and checkpoints is not None:
+            memory.flush()
+            saves.start(iteration, trainer.checkpoint_state(iteration))  # written in the background
+            last_saved = iteration
         elif action.save:
             log.say(f"iteration {iteration}: asked to save ({action.reason}) but there is no --save")
         if action.exit or exit_now:
@@ -339,7 +348,8 @@ def main(argv=None) -> int:
             log.record(event="exit", iteration=iteration, reason=reason, **layout)
             log.say(f"exiting at iteration {iteration} ({reason})")
             break
-        memory.step(iteration, lambda: trainer.checkpoint_state(iteration))  # noqa: B023 - called now
+        if saves is None or not saves.pending:  # one torch_dist write in flight at a time
+            memory.step(iteration, lambda: trainer.checkpoint_state(iteration))  # noqa: B023 - called now
         if memory.last_complete != in_memory:
             in_memory = memory.last_complete
             log.record(event="mem_saved", iteration=in_memory, stall=memory.last_stall, seconds=memory.last_seconds,
@@ -347,6 +357,8 @@ def main(argv=None) -> int:
         injector.after_iteration(iteration)
     else:
         memory.flush()
+        if saves is not None and (done := saves.flush()) is not None:
+            log_async_save(log, done, saves, checkpoints, layout)
         if checkpoints is not None and last_saved != iteration:
             with hook.section("checkpointing"):
                 path, seconds = trainer.save(checkpoints, iteration)
