@@ -23,8 +23,6 @@ Under plain torchrun the hook is inert and there is no vote: ``start`` saves syn
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 
 import torch.distributed as dist
 
@@ -71,9 +69,8 @@ class AsyncSaves:
         A save still in flight is finished first (it is older)."""
         self.flush()
         path = self.checkpoints.path_for(iteration)
-        if dist.get_rank() == 0:  # a directory left by an abandoned timeline: start it empty
-            for entry in os.scandir(path):
-                shutil.rmtree(entry.path) if entry.is_dir(follow_symlinks=False) else os.unlink(entry.path)
+        if dist.get_rank() == 0:
+            self.checkpoints.empty(iteration)  # a directory left by an abandoned timeline
         dist.barrier()
         self._pending = Snapshot.start(iteration, path, state, self._copier, self._strategy,
                                        validate=not self._validated)

@@ -55,6 +55,14 @@ class CheckpointDir:
         (path / COMPLETE_MARKER).unlink(missing_ok=True)
         return path
 
+    def empty(self, iteration: int) -> None:
+        """Remove what a directory left by an abandoned timeline holds (rank 0, before a save)."""
+        for entry in os.scandir(self.dir_of(iteration)):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+
     def commit(self, iteration: int) -> None:
         """Mark ``iteration`` complete, make it latest, prune. Rank 0 only, after a barrier."""
         path = self.dir_of(iteration)

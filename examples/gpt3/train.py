@@ -18,7 +18,6 @@ sample g is a function of (--seed, g) alone.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 import warnings
@@ -259,12 +258,7 @@ class Trainer:
         started = time.time()
         path = checkpoints.path_for(iteration)
         if self.rank == 0:
-            # A directory left by an abandoned timeline: start it empty.
-            for entry in os.scandir(path):
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path)
-                else:
-                    os.unlink(entry.path)
+            checkpoints.empty(iteration)  # a directory left by an abandoned timeline
         dist.barrier()
         dist_checkpointing.save(self.checkpoint_state(iteration), str(path), sharded_strategy=("torch_dist", 1))
         dist.barrier()  # every rank's shards are on storage
