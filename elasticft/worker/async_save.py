@@ -41,6 +41,7 @@ class AsyncSaves:
         self.checkpoints = checkpoints
         self.last_stall: float | None = None  # seconds the loop waited for the newest save
         self._pending: Snapshot | None = None
+        self._finished: int | None = None  # a save finished at once (no vote) that step() has yet to report
         self._agreed = [0, 0]
         self._copier = HostCopier()
         self._strategy = save_strategy()
@@ -77,11 +78,14 @@ class AsyncSaves:
         self._validated = True
         self.last_stall = self._pending.stall
         if self.hook.inert:  # no vote to agree on: finish now, as a synchronous save would
-            self.flush()
+            self._finished = self.flush()  # step() reports it, as it reports a background save
         return self.last_stall
 
     def step(self) -> int | None:
         """After ``hook.step``: finish the save every rank has written; its iteration, or None."""
+        if self._finished is not None:
+            finished, self._finished = self._finished, None
+            return finished
         if self._pending is None or self._agreed[BUSY]:
             return None
         return self._finish(failed=bool(self._agreed[FAILED]))
