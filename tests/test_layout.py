@@ -30,6 +30,9 @@ FORBIDDEN = {
     "elasticft.torch_seam": ("elasticft.", "launcher"),
     "elasticft.knobs": ("elasticft.", "launcher"),
     "elasticft.periodic": ("elasticft.", "launcher"),
+    "elasticft.goodput": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
+                          "elasticft.health", "elasticft.worker", "elasticft.store", "elasticft.memckpt",
+                          "launcher"),
     "elasticft.memckpt": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
                           "elasticft.health", "elasticft.worker", "launcher"),
 }
