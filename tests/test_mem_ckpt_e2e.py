@@ -144,9 +144,13 @@ def test_a_lost_node_and_its_replica_holder_fall_back_to_disk(demo, reference, t
         killed.extend(sorted(victims))
 
     result, facts = run_demo(demo, tmp_path, nodes=3, save_interval=10, lose_at=0, during=kill_a_share)
-    assert len(killed) == 2 and sorted(load("story").summary(result)["lost_nodes"]) == sorted(killed)
-    (fallback, *_) = events(result, EventKind.MEM_CKPT_FALLBACK)
-    assert "no live copy" in fallback["why"] and fallback["then"] == "the newest disk checkpoint"
-    ((source, resumed, _),) = facts["restarts"]
+    # Two leases seldom expire in the same instant: the survivor may restart for the first loss
+    # while the second node's lease still runs; that node then simply never joins the new round.
+    assert len(killed) == 2 and facts["lost_nodes"] and set(facts["lost_nodes"]) <= set(killed)
+    assert any("no live copy" in e["why"] and e["then"] == "the newest disk checkpoint"
+               for e in events(result, EventKind.MEM_CKPT_FALLBACK))
+    (source, resumed, _) = facts["restarts"][-1]
     assert (source, resumed) == ("disk", 10)
+    tp, pp, dp, _ = facts["layouts"][-1]
+    assert tp * pp * dp == 2  # the survivor's two GPUs, neither killed node
     assert_same_losses(result, reference)
