@@ -27,7 +27,7 @@ ROOT = Path(__file__).parent.parent
 T0 = 1714564800.0
 CORPUS_FAILURES = {  # trace -> the GPU that fails in it
     "thermal_runaway": 5, "ecc_fall_off_bus": 6, "power_oscillation": 2, "ecc_nvidia_smi": 3,
-    "falling_clocks": 1, "memory_leak_oom": 7, "sudden_fall_off": 0,
+    "falling_clocks": 1, "memory_leak_oom": 7, "sudden_fall_off": 0, "steady_overheat": 3,
 }
 
 
@@ -161,7 +161,7 @@ def test_cli_on_the_corpus_names_every_failure():
         assert 0 <= level["recall"] <= 1 and level["failures"] == len(CORPUS_FAILURES)
     table = run_eval(DATA / "ecc_fall_off_bus.csv", "--thresholds", "0.9")
     assert table.exit_code == 0
-    assert table.stdout.splitlines()[1].split() == ["0.9", "1/1", "100%", "1/1", "100%", "0.00", "2m00s", "2m00s"]
+    assert table.stdout.splitlines()[1].split() == ["0.9", "1/1", "100%", "1/1", "100%", "0.00", "6m30s", "6m30s"]
     assert "ecc_fall_off_bus             1/1" in table.stdout
 
 

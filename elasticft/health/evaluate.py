@@ -30,9 +30,11 @@ from elasticft.health.trace import batches
 Key = tuple[str, int]  # (node, gpu)
 DAY_S = 86400.0
 # Every GpuSample field that is a measurement; a row with none of them is a GPU that
-# no longer answers (what nvidia-smi prints as a row of [N/A]).
+# no longer answers (what nvidia-smi prints as a row of [N/A]). The thermal limits are
+# read once when the source starts, so a lost GPU's rows still carry them.
 METRIC_FIELDS = tuple(
-    f.name for f in dataclasses.fields(GpuSample) if f.name not in ("timestamp", "node", "gpu", "uuid", "xids")
+    f.name for f in dataclasses.fields(GpuSample)
+    if f.name not in ("timestamp", "node", "gpu", "uuid", "xids", "temp_slowdown_c", "temp_shutdown_c")
 )
 
 

@@ -29,7 +29,7 @@ EFT_COLUMNS = (
     "timestamp", "node", "gpu", "uuid", "temperature_c", "memory_used_mib",
     "memory_total_mib", "power_w", "power_limit_w", "utilization_pct", "ecc_corrected",
     "ecc_uncorrected", "rows_pending", "throttle_reasons", "xids", "sm_clock_mhz",
-    "mem_clock_mhz",
+    "mem_clock_mhz", "temp_slowdown_c", "temp_shutdown_c",
 )
 
 # nvidia-smi --query-gpu names (header without its " [unit]") -> GpuSample field.
@@ -65,7 +65,7 @@ NVSMI_TIME_FORMAT = "%Y/%m/%d %H:%M:%S.%f"
 _NUMBER = re.compile(r"^([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(W|MiB|%|MHz|C)?$")
 _FLOAT_FIELDS = {
     "temperature_c", "memory_used_mib", "memory_total_mib", "power_w", "power_limit_w",
-    "utilization_pct", "sm_clock_mhz", "mem_clock_mhz",
+    "utilization_pct", "sm_clock_mhz", "mem_clock_mhz", "temp_slowdown_c", "temp_shutdown_c",
 }
 _INT_FIELDS = {"ecc_corrected", "ecc_uncorrected"}
 
