@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from elasticft.config import RiskConfig
-from elasticft.health import RiskModel, read_trace
+from elasticft.health import RiskModel, read_trace, summarize
 from elasticft.health.evaluate import DAY_S, evaluate, score_trace
 from elasticft.health.labels import read_labels
 
@@ -43,6 +43,13 @@ def test_no_healthy_gpu_of_the_corpus_triggers():
     throttle, and the seven healthy GPUs beside each failing one."""
     result = corpus_result()
     assert result.false_triggers == 0 and result.healthy_gpu_days > 3
+
+
+def test_the_always_hot_gpu_stays_well_below_the_threshold():
+    """The issue's case: beside a GPU heating toward shutdown, one that always runs ~9 C hotter."""
+    summaries = {s.gpu: s for s in summarize(read_trace(DATA / "steady_overheat.csv"), RiskModel())}
+    assert summaries[3].first_trigger is not None and summaries[3].first_trigger.critical is None
+    assert summaries[4].first_trigger is None and summaries[4].max_risk < 0.6
 
 
 def fleet_false_triggers(nodes: int, days: float) -> tuple[int, float]:

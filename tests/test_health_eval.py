@@ -195,3 +195,25 @@ def test_real_command_bad_trace_or_sidecar_is_one_line_without_traceback(tmp_pat
         )
         assert (proc.returncode, proc.stdout) == (2, "")
         assert proc.stderr.strip().splitlines() == [f"eft health eval: error: {expected}"]
+
+
+def test_calibrate_proposes_the_lowest_threshold_within_the_target():
+    traces = [DATA / "healthy.csv", DATA / "job_wide_throttle.csv", DATA / "falling_clocks.csv"]
+    result = CliRunner().invoke(app, ["health", "calibrate", "--json", "--target", "1", *map(str, traces)])
+    assert result.exit_code == 0, result.output
+    proposal = json.loads(result.stdout)
+    scored = [score_trace(p.stem, read_trace(p), RiskModel()) for p in traces]
+    at, below = evaluate(scored, [proposal["threshold"], round(proposal["threshold"] - 0.01, 4)])
+    assert at.false_triggers == proposal["false_triggers"] == 0
+    assert below.false_triggers > 0 or proposal["threshold"] == 0.3  # nothing lower also meets it
+    assert proposal["caught"] == 1 and proposal["enough_data"] is False  # a few GPU-days cannot show 1 per 100
+    text = CliRunner().invoke(app, ["health", "calibrate", *map(str, traces)])
+    assert f"proposed --eft-risk-threshold {proposal['threshold']:g}" in text.stdout
+    assert "replay at least 100 GPU-days" in text.stdout
+
+
+@pytest.mark.parametrize("target", ["-1", "nan", "x"])
+def test_calibrate_bad_target_is_one_line_and_exit_2(target):
+    result = CliRunner().invoke(app, ["health", "calibrate", "--target", target, str(DATA / "healthy.csv")])
+    assert result.exit_code == 2
+    assert len(result.output.strip().splitlines()) == 1 and "--target" in result.output

@@ -32,6 +32,7 @@ FACTORS = (
 SHUTDOWN_ABOVE_SLOWDOWN = 5.0  # C: the shutdown threshold where only the slowdown one is known
 TEMP_HEADROOM = 10.0  # C below slowdown where the temperature factor starts (up to 0.3)
 TEMP_BELOW_SLOWDOWN_SHARE = 0.3  # the share of the temperature factor reached at slowdown
+PEER_TRANSIENT_SHARE = 0.3  # of the peers' common rate, tolerated as lag differences
 LEAD_MARGIN_S = 300.0  # seconds of warning wanted beyond the checkpoint itself
 MIN_BASELINE = 5  # older samples needed before a GPU's usual offset from its peers is known
 PEER_TEMP_START, PEER_TEMP_SPAN = 3.0, 5.0  # C hotter than usual relative to the peers
@@ -112,10 +113,15 @@ def _peer_temp(t: float, h: GpuHistory, peers: list[Signals]) -> float | None:
 
 
 def _excess(rate: float | None, peer_rates) -> float | None:
-    """This GPU's rate minus its peers' median: a job warming up heats every GPU at once."""
+    """This GPU's rate beyond its peers' median: a job warming up heats every GPU at once.
+
+    While the whole node moves (warming up after a pause: 3 C a minute) GPUs with
+    different lags differ by a fraction of that common rate; that fraction is tolerated.
+    """
     if rate is None:
         return None
-    return rate - (peer_median(peer_rates) or 0.0)
+    peer = peer_median(peer_rates) or 0.0
+    return rate - peer - PEER_TRANSIENT_SHARE * abs(peer)
 
 
 def _time_to_limit(s: GpuSample, own: Signals, peers: list[Signals], shutdown: float, config: RiskConfig):
