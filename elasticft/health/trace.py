@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
 import re
 from datetime import datetime, timezone
@@ -216,6 +217,11 @@ def read_trace(path: str | Path, node: str | None = None) -> Iterator[GpuSample]
     if first is None:
         raise TraceError(f"{path}:1: empty trace (no header line)")
     header_line, header_text = first
+    from elasticft.health import prometheus  # lazily: it imports TraceError from this module
+
+    if prometheus.looks_like_prometheus(header_text):
+        yield from prometheus.read_prometheus(path, itertools.chain([first], lines), node)
+        return
     header = next(csv.reader([header_text], skipinitialspace=True))
     kind, fields = _columns(header, path, header_line)
     parsers = [_field_parser(f) if f else None for f in fields]
