@@ -62,7 +62,7 @@ def replay(
     trace: Path = typer.Argument(..., help="CSV trace: eft's format or nvidia-smi --format=csv output"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a table"),
     threshold: Optional[float] = typer.Option(
-        None, "--threshold", help="risk threshold (default: --eft-risk-threshold / EFT_RISK_THRESHOLD, 0.95)"
+        None, "--threshold", help="risk threshold (default: --eft-risk-threshold / EFT_RISK_THRESHOLD, 0.8)"
     ),
     node: Optional[str] = typer.Option(None, "--node", help="node name for every row (default: the trace's)"),
 ) -> None:
@@ -157,8 +157,8 @@ def calibrate_cmd(
              f"{days:.1f} healthy GPU-days (target {target:g} per 100)"]
     if best.outcomes:
         lead = payload["worst_lead_s"]
-        lines.append(f"labelled failures caught at it: {payload['caught']}/{payload['failures']}"
-                     + ("" if lead is None else f", shortest lead {lead / 60:.1f} min"))
+        shortest = "" if lead is None else f", shortest lead {lead / 60:.1f} min"
+        lines.append(f"labelled failures caught at it: {payload['caught']}/{payload['failures']}{shortest}")
     if not enough:
         lines.append(f"note: {days:.1f} GPU-days cannot show a rate of {target:g} per 100; "
                      f"replay at least {100 / target if target else float('inf'):.0f} GPU-days")

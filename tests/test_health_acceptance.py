@@ -15,7 +15,7 @@ from elasticft.health.labels import read_labels
 
 DATA = Path(__file__).parent / "data"
 sys.path.insert(0, str(DATA))  # make_fleet imports make_traces by its bare name, as when run as a script
-from make_fleet import healthy_fleet  # noqa: E402
+from make_fleet import healthy_fleet
 
 GRADUAL = {"thermal_runaway", "power_oscillation", "ecc_fall_off_bus", "falling_clocks", "memory_leak_oom",
            "steady_overheat"}

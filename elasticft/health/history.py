@@ -7,6 +7,7 @@ GPU's peers in the same round (risk.py) and turned into factors (factors.py).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -114,8 +115,10 @@ class GpuHistory:
         if len(self.powers) < 3:
             return None
         values = [p for p, _ in self.powers]
-        limit = self.powers[-1][1] or statistics.fmean(values)
-        return statistics.pstdev(values) / limit if limit > 0 else None
+        mean = sum(values) / len(values)
+        limit = self.powers[-1][1] or mean
+        # Plain floats: statistics.pstdev works in exact fractions, the model's largest cost.
+        return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) / limit if limit > 0 else None
 
     def usual_offset(self, min_baseline: int) -> float | None:
         """Median of this GPU's offsets above its peers, leaving out the recent ones (None: too few)."""
