@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from elasticft.health.sample import GpuSample
-from elasticft.health.trace import TraceError  # trace.py imports this module lazily: no cycle
+
+
+class DumpError(ValueError):
+    """A malformed dump; the message starts with ``FILE:LINE:`` (trace.py makes it a TraceError)."""
 
 # dcgm-exporter metric -> GpuSample field (units as DCGM gives them: C, W, %, MiB, MHz).
 DCGM_FIELDS = {
@@ -55,7 +58,7 @@ def _labels(text: str, where: str) -> dict[str, str]:
     while pos < len(text):
         match = _LABEL.match(text, pos)
         if not match:
-            raise ValueError(f"{where}: malformed labels {{{text}}}")
+            raise DumpError(f"{where}: malformed labels {{{text}}}")
         labels[match.group(1)] = match.group(2)
         pos = match.end()
     return labels
@@ -68,21 +71,21 @@ def read_prometheus(path: Path, lines: Iterable[tuple[int, str]], node: str | No
         where = f"{path}:{number}"
         match = _LINE.match(line.strip())
         if not match:
-            raise TraceError(f"{where}: not a Prometheus sample line: {line.strip()[:60]!r}")
+            raise DumpError(f"{where}: not a Prometheus sample line: {line.strip()[:60]!r}")
         name, label_text, value_text, stamp = match.groups()
         field = DCGM_FIELDS.get(name)
         if field is None:
             continue
+        labels = _labels(label_text or "", where)
         try:
-            labels = _labels(label_text or "", where)
             value = float(value_text)
-        except ValueError as exc:
-            raise TraceError(f"{where}: {exc}" if "malformed" in str(exc) else f"{where}: bad value {value_text!r}") from None
+        except ValueError:
+            raise DumpError(f"{where}: bad value {value_text!r}") from None
         if stamp is None:
-            raise TraceError(f"{where}: sample without a timestamp: replay needs a dump with times "
+            raise DumpError(f"{where}: sample without a timestamp: replay needs a dump with times "
                              "(promtool tsdb dump, /federate), not a single scrape")
         if "gpu" not in labels or not labels["gpu"].isdigit():
-            raise TraceError(f"{where}: {name} without a numeric 'gpu' label")
+            raise DumpError(f"{where}: {name} without a numeric 'gpu' label")
         key = (int(stamp), node or labels.get("Hostname") or path.stem, int(labels["gpu"]))
         row = rows.setdefault(key, {"uuid": labels.get("UUID")})
         if not math.isfinite(value):

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from elasticft.health import prometheus
 from elasticft.health.sample import GpuSample
 
 
@@ -217,10 +218,11 @@ def read_trace(path: str | Path, node: str | None = None) -> Iterator[GpuSample]
     if first is None:
         raise TraceError(f"{path}:1: empty trace (no header line)")
     header_line, header_text = first
-    from elasticft.health import prometheus  # lazily: it imports TraceError from this module
-
     if prometheus.looks_like_prometheus(header_text):
-        yield from prometheus.read_prometheus(path, itertools.chain([first], lines), node)
+        try:
+            yield from prometheus.read_prometheus(path, itertools.chain([first], lines), node)
+        except prometheus.DumpError as exc:
+            raise TraceError(str(exc)) from None
         return
     header = next(csv.reader([header_text], skipinitialspace=True))
     kind, fields = _columns(header, path, header_line)
