@@ -20,6 +20,7 @@ DEVICE_FUNCTIONS = (
     "nvmlDeviceGetUUID",
     "nvmlDeviceGetIndex",
     "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetTemperatureThreshold",
     "nvmlDeviceGetMemoryInfo",
     "nvmlDeviceGetPowerUsage",
     "nvmlDeviceGetEnforcedPowerLimit",
@@ -49,6 +50,8 @@ class FakeGpu:
     index: int
     uuid: str
     temperature: int = 65
+    slowdown_c: int = 87  # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+    shutdown_c: int = 92  # NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
     memory_used: int = 78_000 * 2**20  # bytes
     memory_total: int = 81_559 * 2**20
     power_mw: int = 612_000
@@ -135,6 +138,14 @@ class FakeNvml:
     def nvmlDeviceGetTemperature(self, h, sensor):
         assert sensor == pynvml.NVML_TEMPERATURE_GPU
         return self._check(h, "nvmlDeviceGetTemperature").temperature
+
+    def nvmlDeviceGetTemperatureThreshold(self, h, threshold):
+        g = self._check(h, "nvmlDeviceGetTemperatureThreshold")
+        if threshold == pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN:
+            return g.slowdown_c
+        if threshold == pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN:
+            return g.shutdown_c
+        raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlDeviceGetMemoryInfo(self, h, version=None):
         g = self._check(h, "nvmlDeviceGetMemoryInfo")

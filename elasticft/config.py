@@ -111,22 +111,26 @@ class RiskConfig:
     """The per-GPU risk score (see docs/health.md for what each factor measures)."""
 
     risk_window: int = knob(60, "samples in each GPU's rolling baseline")
-    risk_threshold: float = knob(
-        0.95, "risk score at or above which a GPU asks for an emergency checkpoint"
-    )
+    risk_threshold: float = knob(0.8, "risk score at or above which a GPU asks for an emergency checkpoint")
     risk_temp_limit: float = knob(
-        85.0, "GPU temperature (C) at which the temperature factor reaches 1"
+        85.0, "slowdown temperature (C) for a GPU that does not report its own (shutdown: 5 C above)"
     )
-    risk_weight_temperature: float = knob(0.25, "weight of the temperature factor")
-    risk_weight_memory: float = knob(0.15, "weight of the memory-headroom factor")
-    risk_weight_errors: float = knob(0.25, "weight of the errors factor (ECC rate, HW slowdown)")
-    risk_weight_power: float = knob(0.10, "weight of the power-fluctuation factor")
-    risk_weight_utilization_drop: float = knob(
-        0.15, "weight of the utilization-drop-while-peers-are-busy factor"
+    risk_checkpoint_time: float = knob(
+        120.0, "seconds an emergency checkpoint takes: a GPU due at a limit within this plus 5 minutes triggers"
     )
-    risk_weight_temp_rise: float = knob(0.10, "weight of the temperature-rise-rate factor")
+    # Each weight is the probability the factor alone gives at full strength (noisy-OR).
+    risk_weight_temperature: float = knob(1.0, "weight of the temperature factor (distance to slowdown/shutdown)")
+    risk_weight_time_to_limit: float = knob(
+        1.0, "weight of the time-to-limit factor (shutdown temperature or full memory at the current rate)"
+    )
+    risk_weight_errors: float = knob(0.9, "weight of the errors factor (ECC rate, HW slowdown beyond the peers)")
+    risk_weight_clocks: float = knob(0.6, "weight of the clocks-below-busy-peers factor")
+    risk_weight_power: float = knob(0.5, "weight of the power-fluctuation factor")
+    risk_weight_utilization_drop: float = knob(0.5, "weight of the utilization-drop-while-peers-are-busy factor")
+    risk_weight_peer_temp: float = knob(0.5, "weight of the hotter-than-usual-against-its-peers factor")
+    risk_weight_memory: float = knob(0.3, "weight of the memory-headroom factor (the last 2 percent)")
     risk_weight_straggler: float = knob(
-        0.15, "weight of the straggler factor (the GPU's rank is slower than the job or than itself)"
+        0.5, "weight of the straggler factor (the GPU's rank is slower than the job or than itself)"
     )
 
     def __post_init__(self) -> None:
@@ -136,11 +140,13 @@ class RiskConfig:
             raise ConfigError(
                 f"{flag_name('risk_threshold')}: expected a number in (0, 1], got {self.risk_threshold}"
             )
+        if not self.risk_checkpoint_time >= 0:
+            raise ConfigError(f"{flag_name('risk_checkpoint_time')}: expected seconds >= 0, got {self.risk_checkpoint_time}")
         weights = self.weights()
         for name, weight in weights.items():
-            if not weight >= 0:
+            if not 0 <= weight <= 1:
                 raise ConfigError(
-                    f"{flag_name('risk_weight_' + name)}: expected a weight >= 0, got {weight}"
+                    f"{flag_name('risk_weight_' + name)}: expected a weight in [0, 1], got {weight}"
                 )
         if sum(weights.values()) <= 0:
             raise ConfigError("--eft-risk-weight-*: at least one weight must be positive")

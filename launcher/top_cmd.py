@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
+from elasticft.config import RiskConfig
 from elasticft.contract.keys import RunKeys
 from elasticft.store import StoreError, StoreOptions, connect
 from elasticft.tui import (
@@ -38,7 +39,7 @@ ENDPOINT = typer.Option(..., "--endpoint", envvar="EFT_ENDPOINT", help="etcd HOS
 RUN_ID = typer.Option(..., "--run-id", envvar="EFT_RUN_ID", help="the run's --rdzv-id")
 PREFIX = typer.Option("/eft", "--key-prefix", envvar="EFT_KEY_PREFIX", help="key_prefix given in --rdzv-conf")
 THRESHOLD = typer.Option(
-    0.95, "--threshold", envvar="EFT_RISK_THRESHOLD",
+    RiskConfig().risk_threshold, "--threshold", envvar="EFT_RISK_THRESHOLD",
     help="risk drawn red at or above this (the agents' --eft-risk-threshold)",
 )
 STALE_AFTER = typer.Option(

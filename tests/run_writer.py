@@ -93,7 +93,7 @@ class RunWriter:
 
 
 def two_nodes(run: RunWriter, layout: bool = True) -> dict:
-    """node-a (4 quiet GPUs), node-b: gpu3 with a critical Xid, gpu1 at the temperature limit."""
+    """node-a (4 quiet GPUs), node-b: gpu3 with a critical Xid, gpu1 above its slowdown temperature."""
     run.join("node-a", 4)
     run.join("node-b", 4)
     if layout:
@@ -103,7 +103,7 @@ def two_nodes(run: RunWriter, layout: bool = True) -> dict:
     for node in ("node-a", "node-b"):
         samples = [gpu_sample(node, g, t, temperature=50 + g) for g in range(4)]
         if node == "node-b":
-            samples[1] = gpu_sample(node, 1, t, temperature=85, only_temperature=True)
+            samples[1] = gpu_sample(node, 1, t, temperature=88, only_temperature=True)
             samples[3] = gpu_sample(node, 3, t, temperature=70, xids=(79,))
         scores.update({(s.node, s.gpu): round(s.score, 2) for s in run.publish(node, samples)})
     return scores

@@ -27,7 +27,7 @@ ROOT = Path(__file__).parent.parent
 T0 = 1714564800.0
 CORPUS_FAILURES = {  # trace -> the GPU that fails in it
     "thermal_runaway": 5, "ecc_fall_off_bus": 6, "power_oscillation": 2, "ecc_nvidia_smi": 3,
-    "falling_clocks": 1, "memory_leak_oom": 7, "sudden_fall_off": 0,
+    "falling_clocks": 1, "memory_leak_oom": 7, "sudden_fall_off": 0, "steady_overheat": 3,
 }
 
 
@@ -161,7 +161,7 @@ def test_cli_on_the_corpus_names_every_failure():
         assert 0 <= level["recall"] <= 1 and level["failures"] == len(CORPUS_FAILURES)
     table = run_eval(DATA / "ecc_fall_off_bus.csv", "--thresholds", "0.9")
     assert table.exit_code == 0
-    assert table.stdout.splitlines()[1].split() == ["0.9", "1/1", "100%", "1/1", "100%", "0.00", "2m00s", "2m00s"]
+    assert table.stdout.splitlines()[1].split() == ["0.9", "1/1", "100%", "1/1", "100%", "0.00", "6m30s", "6m30s"]
     assert "ecc_fall_off_bus             1/1" in table.stdout
 
 
@@ -195,3 +195,25 @@ def test_real_command_bad_trace_or_sidecar_is_one_line_without_traceback(tmp_pat
         )
         assert (proc.returncode, proc.stdout) == (2, "")
         assert proc.stderr.strip().splitlines() == [f"eft health eval: error: {expected}"]
+
+
+def test_calibrate_proposes_the_lowest_threshold_within_the_target():
+    traces = [DATA / "healthy.csv", DATA / "job_wide_throttle.csv", DATA / "falling_clocks.csv"]
+    result = CliRunner().invoke(app, ["health", "calibrate", "--json", "--target", "1", *map(str, traces)])
+    assert result.exit_code == 0, result.output
+    proposal = json.loads(result.stdout)
+    scored = [score_trace(p.stem, read_trace(p), RiskModel()) for p in traces]
+    at, below = evaluate(scored, [proposal["threshold"], round(proposal["threshold"] - 0.01, 4)])
+    assert at.false_triggers == proposal["false_triggers"] == 0
+    assert below.false_triggers > 0 or proposal["threshold"] == 0.3  # nothing lower also meets it
+    assert proposal["caught"] == 1 and proposal["enough_data"] is False  # a few GPU-days cannot show 1 per 100
+    text = CliRunner().invoke(app, ["health", "calibrate", *map(str, traces)])
+    assert f"proposed --eft-risk-threshold {proposal['threshold']:g}" in text.stdout
+    assert "replay at least 100 GPU-days" in text.stdout
+
+
+@pytest.mark.parametrize("target", ["-1", "nan", "x"])
+def test_calibrate_bad_target_is_one_line_and_exit_2(target):
+    result = CliRunner().invoke(app, ["health", "calibrate", "--target", target, str(DATA / "healthy.csv")])
+    assert result.exit_code == 2
+    assert len(result.output.strip().splitlines()) == 1 and "--target" in result.output

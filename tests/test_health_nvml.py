@@ -37,6 +37,26 @@ def test_reads_every_field_in_its_unit(fake):
     assert not fake.initialised
 
 
+def test_thermal_limits_are_read_once_and_drive_the_temperature_factor(fake):
+    fake.gpus[0].slowdown_c, fake.gpus[0].shutdown_c = 80, 84  # a board that throttles early
+    fake.gpus[3].unsupported.add("nvmlDeviceGetTemperatureThreshold")
+    for g in fake.gpus:
+        g.temperature = 81
+    source = NvmlSource("n", visible_devices=None)
+    before = fake.calls.copy()
+    samples = source.read()
+    assert (samples[0].temp_slowdown_c, samples[0].temp_shutdown_c) == (80.0, 84.0)
+    assert (samples[1].temp_slowdown_c, samples[1].temp_shutdown_c) == (87.0, 92.0)
+    assert (samples[3].temp_slowdown_c, samples[3].temp_shutdown_c) == (None, None)  # the knob's default then
+    assert (fake.calls - before)["nvmlDeviceGetTemperatureThreshold", 0] == 0  # fixed per board: read at start
+    scores = RiskModel().update(samples)
+    # 81 C: past this board's slowdown, far below a standard one's, 4 C under the 85 C default
+    assert scores[0].factors["temperature"] == pytest.approx(0.3 + 0.7 * 1 / 4)
+    assert scores[1].factors["temperature"] == pytest.approx(0.3 * 4 / 10)
+    assert scores[3].factors["temperature"] == pytest.approx(0.3 * 6 / 10)
+    source.close()
+
+
 def test_unsupported_field_is_missing_not_zero_and_not_asked_again(fake):
     g = fake.gpus[2]
     g.unsupported |= {"nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetRemappedRows"}

@@ -26,7 +26,7 @@ def busy(gpu, t, node="n", **fields):
     values = dict(
         temperature_c=65.0, memory_used_mib=60_000.0, memory_total_mib=81_559.0, power_w=600.0,
         power_limit_w=700.0, utilization_pct=97.0, ecc_corrected=0, ecc_uncorrected=0,
-        rows_pending=False, throttle_reasons=0,
+        rows_pending=False, throttle_reasons=0, sm_clock_mhz=1980.0,
     )
     values.update(fields)
     return GpuSample(timestamp=T0 + t, node=node, gpu=gpu, **values)
@@ -89,27 +89,28 @@ def test_trigger_fires_once_per_crossing():
 def test_a_score_hovering_at_the_threshold_is_one_crossing():
     only_temperature = {f"risk_weight_{k}": 0.0 for k in FACTORS if k != "temperature"}
     model = RiskModel(RiskConfig(**only_temperature))  # score = temperature factor
-    temps = [70, 85, 84, 85, 83, 86, 70, 85]  # 85 C scores 1.0; 83-84 C 0.87-0.93
+    # slowdown 85 C, shutdown 90 C (the defaults): 89 C scores 0.86, 88 C 0.72, 90 C 1.0
+    temps = [70, 89, 88, 89, 88, 90, 70, 89]
     scores = [model.update([busy(0, 10 * i, temperature_c=t)])[0] for i, t in enumerate(temps)]
     assert [s.triggered for s in scores] == [False, True, False, True, False, True, False, True]
     assert [s.crossed for s in scores] == [False, True, False, False, False, False, False, True]
 
 
-def test_factor_without_data_gives_its_weight_to_the_others():
-    """A GPU without ECC or throttle reasons is scored on what it does report."""
-    config = RiskConfig()
-    weights = config.weights()
-    model = RiskModel(config)
-    hot = dict(temperature_c=80.0, memory_used_mib=80_000.0)
-    with_ecc = run(model, [[busy(0, i * 10, **hot), busy(1, i * 10)] for i in range(20)])[0]
+def test_a_factor_without_data_neither_dilutes_nor_adds():
+    """A GPU without ECC or throttle reasons is scored on what it does report, and the
+    same symptoms score the same with or without the extra (quiet) counters."""
+    weights = RiskConfig().weights()
+    hot = dict(temperature_c=87.0, memory_used_mib=81_300.0)
+    with_ecc = run(RiskModel(), [[busy(0, i * 10, **hot), busy(1, i * 10)] for i in range(20)])[0]
     no_ecc = dict(hot, ecc_corrected=None, ecc_uncorrected=None, throttle_reasons=None)
-    model = RiskModel(config)
-    without = run(model, [[busy(0, i * 10, **no_ecc), busy(1, i * 10)] for i in range(20)])[0]
+    without = run(RiskModel(), [[busy(0, i * 10, **no_ecc), busy(1, i * 10)] for i in range(20)])[0]
     assert with_ecc.factors["errors"] == 0.0 and without.factors["errors"] is None
-    present = {k: v for k, v in without.factors.items() if v is not None}
-    expected = sum(weights[k] * v for k, v in present.items()) / sum(weights[k] for k in present)
-    assert without.score == pytest.approx(expected)
-    assert without.score == pytest.approx(with_ecc.score / (1 - weights["errors"]))
+    assert without.score == pytest.approx(with_ecc.score)
+    expected = 1.0
+    for k, v in without.factors.items():
+        expected *= 1 - weights[k] * (v or 0.0)
+    assert without.score == pytest.approx(1 - expected)
+    assert without.contributions == pytest.approx({k: weights[k] * v for k, v in without.factors.items() if v})
 
 
 def test_missing_everything_is_no_risk_and_no_crash():
@@ -121,22 +122,36 @@ def test_missing_everything_is_no_risk_and_no_crash():
     assert scores[0].dominant is None and not scores[0].triggered
 
 
-def test_first_samples_cannot_trigger_on_few_factors():
-    """History factors start at 0, not 'no data': a hot GPU's first sample is not 0.95."""
+def test_first_samples_are_judged_on_physics_alone():
+    """History factors start at 0, not "no data"; the distance to the GPU's limits needs no history."""
     model = RiskModel()
-    first = model.update([busy(0, 0, temperature_c=99.0, memory_used_mib=81_500.0)])[0]
-    assert first.factors["temperature"] == 1.0 and first.factors["power"] == 0.0
-    assert not first.triggered
+    warm = model.update([busy(0, 0, temperature_c=84.0, memory_used_mib=79_000.0, throttle_reasons=0x48)])[0]
+    assert warm.factors["power"] == 0.0 and warm.factors["time_to_limit"] == 0.0
+    assert warm.factors["errors"] == pytest.approx(0.2)  # one sample in HW slowdown of five
+    assert not warm.triggered
+    model = RiskModel()
+    at_shutdown = model.update([busy(0, 0, temperature_c=91.0)])[0]
+    assert at_shutdown.factors["temperature"] == 1.0 and at_shutdown.triggered
+    assert at_shutdown.dominant == "temperature"
 
 
-def test_hot_gpu_is_judged_against_its_own_baseline():
+def test_the_gpus_own_limits_replace_the_default():
+    own = busy(0, 0, temperature_c=88.0, temp_slowdown_c=92.0, temp_shutdown_c=100.0)
+    default = busy(0, 0, temperature_c=88.0)  # slowdown 85 C, shutdown 90 C
+    assert RiskModel().update([own])[0].factors["temperature"] == pytest.approx(0.3 * 0.6)
+    assert RiskModel().update([default])[0].factors["temperature"] == pytest.approx(0.3 + 0.7 * 3 / 5)
+
+
+def test_hot_gpu_is_judged_against_its_own_offset_from_its_peers():
     model = RiskModel()
     rounds = [[busy(g, i * 30, temperature_c=74.0 if g == 3 else 64.0) for g in range(4)] for i in range(40)]
     scores = run(model, rounds)
-    assert scores[3].factors["temperature"] == pytest.approx((74 - 70) / 15)  # absolute part only
-    jump = model.update([busy(g, 1300, temperature_c=64.0 + (12 if g == 0 else 0)) for g in range(4)])
-    assert jump[0].factors["temperature"] == 1.0  # 12 C over its own flat baseline
-    assert jump[1].factors["temperature"] == 0.0
+    assert scores[3].factors["peer_temp"] == 0.0  # always 10 C above the others: its normal
+    jump = model.update([busy(g, 1200, temperature_c=64.0 + (10 if g == 0 else 0) + (10 if g == 3 else 0))
+                         for g in range(4)])
+    assert jump[0].factors["peer_temp"] == 1.0  # 10 C above its peers, usually level with them
+    assert jump[3].factors["peer_temp"] == 0.0 and jump[1].factors["peer_temp"] == 0.0
+    assert not jump[0].triggered  # a peer difference alone is a weak symptom
 
 
 def test_utilization_drop_counts_only_while_peers_are_busy():
@@ -160,12 +175,32 @@ def test_power_swing_shared_by_every_gpu_is_the_workload_not_a_fault():
     assert alone[2].factors["power"] == 1.0 and alone[0].factors["power"] == 0.0
 
 
-def test_temperature_rise_rate_relative_to_peers():
+def test_time_to_shutdown_at_the_current_rate_triggers_alone():
+    """GPU 1 heats 3 C a minute beyond its peers: at 70.5 C it is 6.5 minutes from its
+    90 C shutdown, less than a checkpoint (2 min) plus the 5-minute margin."""
     model = RiskModel()
     rounds = [[busy(g, i * 30, temperature_c=60.0 + (1.5 * i if g == 1 else 0)) for g in range(4)] for i in range(8)]
     scores = run(model, rounds)
-    assert scores[1].factors["temp_rise"] == 1.0  # 3 C/minute while the others stay flat
-    assert scores[0].factors["temp_rise"] == 0.0
+    assert scores[1].factors["time_to_limit"] == 1.0 and scores[1].triggered
+    assert scores[1].factors["temperature"] == 0.0  # still far below its slowdown temperature
+    assert scores[0].factors["time_to_limit"] == 0.0
+    # The same climb on every GPU (warming up after a pause) is the workload.
+    model = RiskModel()
+    together = run(model, [[busy(g, i * 30, temperature_c=60.0 + 1.5 * i) for g in range(4)] for i in range(8)])
+    assert all(s.factors["time_to_limit"] == 0.0 and not s.triggered for s in together)
+    # A slower checkpoint wants more warning: with 20 minutes to save, a 10-minute ETA is late already.
+    slow = RiskModel(RiskConfig(risk_checkpoint_time=1200.0))
+    rounds = [[busy(g, i * 60, temperature_c=70.0 + (1.0 * i if g == 1 else 0)) for g in range(4)] for i in range(6)]
+    assert run(slow, rounds)[1].triggered and not run(RiskModel(), rounds)[1].triggered
+
+
+def test_memory_running_out_at_the_current_rate():
+    model = RiskModel()
+    leak = [[busy(g, i * 60, memory_used_mib=76_000.0 + (500.0 * i if g == 2 else 0)) for g in range(4)]
+            for i in range(8)]
+    scores = run(model, leak)  # 79,500 MiB used, 500 MiB a minute: full in ~4 minutes
+    assert scores[2].factors["time_to_limit"] == 1.0 and scores[2].triggered
+    assert scores[0].factors["time_to_limit"] == 0.0
 
 
 def test_temperature_slope_is_c_per_minute_at_epoch_timestamps():
@@ -186,20 +221,33 @@ def test_corrected_ecc_rate_raises_the_errors_factor():
     assert reset.factors["errors"] == 0.0
 
 
-def test_every_factor_at_once_reaches_the_threshold():
-    """Only a combination of factors can trigger without a critical event."""
+def test_one_strong_symptom_triggers_alone_and_weak_ones_add_up():
+    def episode(**bad):
+        model = RiskModel()
+        steady(model, gpus=4, count=30, step=30.0)
+        scores = []
+        for i in range(6):
+            t = 900 + 30 * i
+            fields = {k: v(i) if callable(v) else v for k, v in bad.items()}
+            scores = model.update([busy(0, t, **fields)] + [busy(g, t) for g in range(1, 4)])
+        return scores[0]
+
+    hw = episode(throttle_reasons=0x48)  # HW thermal slowdown while the peers run free
+    assert hw.triggered and hw.dominant == "errors" and hw.critical is None
+    swing = episode(power_w=lambda i: 150.0 if i % 2 else 700.0)
+    assert swing.factors["power"] == 1.0 and not swing.triggered  # weak alone
+    together = episode(power_w=lambda i: 150.0 if i % 2 else 700.0, utilization_pct=30.0, sm_clock_mhz=1200.0)
+    assert together.triggered and together.critical is None
+    assert set(together.contributions) >= {"power", "utilization_drop", "clocks"}
+
+
+def test_a_job_wide_throttle_is_the_rack_not_a_gpu():
     model = RiskModel()
     steady(model, gpus=4, count=30, step=30.0)
-    scores = []
-    for i in range(6):
-        t = 900 + 30 * i
-        bad = busy(0, t, temperature_c=86.0 + 2 * i, memory_used_mib=81_000.0, throttle_reasons=0x48,
-                   power_w=150.0 if i % 2 else 700.0, utilization_pct=30.0)
-        scores = model.update([bad] + [busy(g, t) for g in range(1, 4)])
-    assert scores[0].triggered and scores[0].critical is None
-    telemetry = {k: v for k, v in scores[0].factors.items() if k != "straggler"}
-    assert all(v == pytest.approx(1.0, abs=0.1) for v in telemetry.values())
-    assert scores[0].factors["straggler"] is None  # no straggler monitor: no data
+    for i in range(10):
+        scores = model.update([busy(g, 900 + 30 * i, throttle_reasons=0x88, sm_clock_mhz=1100.0, power_w=380.0)
+                               for g in range(4)])
+    assert all(s.factors["errors"] == 0.0 and s.factors["clocks"] == 0.0 and not s.triggered for s in scores)
 
 
 reading = st.one_of(st.none(), st.floats(min_value=0, max_value=1000, allow_nan=False))
@@ -242,7 +290,7 @@ def test_scores_are_bounded_deterministic_and_one_per_sample(rounds):
             assert (score.node, score.gpu, score.timestamp) == (sample.node, sample.gpu, sample.timestamp)
             assert 0.0 <= score.score <= 1.0
             assert all(v is None or 0.0 <= v <= 1.0 for v in score.factors.values())
-            assert score.triggered == (score.score >= 0.95)
+            assert score.triggered == (score.score >= RiskConfig().risk_threshold)
 
 
 def test_config_knobs_have_flags_env_and_defaults(monkeypatch):
@@ -253,14 +301,14 @@ def test_config_knobs_have_flags_env_and_defaults(monkeypatch):
     add_arguments(parser, HealthConfig, "health")
     args = parser.parse_args(["--eft-risk-threshold", "0.9", "--eft-health-interval", "2"])
     risk, health = from_args(RiskConfig, args), from_args(HealthConfig, args)
-    assert (risk.risk_window, risk.risk_threshold, risk.risk_weight_errors) == (30, 0.9, 0.25)
+    assert (risk.risk_window, risk.risk_threshold, risk.risk_weight_errors) == (30, 0.9, 0.9)
     assert (health.health_interval, health.health_source) == (2.0, "none")
-    # The telemetry weights add up to 1; the straggler factor weighs in only for a scored rank.
+    # A weight is what the factor alone gives at full strength: one per factor, in [0, 1].
     weights = RiskConfig().weights()
-    assert sum(w for k, w in weights.items() if k != "straggler") == pytest.approx(1.0)
-    assert weights["straggler"] == 0.15
+    assert set(weights) == set(FACTORS) and all(0 <= w <= 1 for w in weights.values())
     assert from_env(RiskConfig).risk_window == 30
-    assert "--eft-risk-weight-temp-rise" in parser.format_help()
+    assert "--eft-risk-checkpoint-time" in parser.format_help()
+    assert "--eft-risk-weight-time-to-limit" in parser.format_help()
 
 
 @pytest.mark.parametrize(
@@ -269,6 +317,8 @@ def test_config_knobs_have_flags_env_and_defaults(monkeypatch):
         (RiskConfig, "risk_threshold", 1.5, "--eft-risk-threshold"),
         (RiskConfig, "risk_window", 3, "--eft-risk-window"),
         (RiskConfig, "risk_weight_power", -0.1, "--eft-risk-weight-power"),
+        (RiskConfig, "risk_weight_clocks", 1.5, "--eft-risk-weight-clocks"),
+        (RiskConfig, "risk_checkpoint_time", -1.0, "--eft-risk-checkpoint-time"),
         (HealthConfig, "health_interval", 0.1, "--eft-health-interval"),
     ],
 )

@@ -2,6 +2,7 @@
 
 import os
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
@@ -150,3 +151,72 @@ def test_host_source_reports_memory_and_checkpoint_space(tmp_path):
     st = os.statvfs(tmp_path)
     assert abs(host.disks[0].free_bytes - st.f_bavail * st.f_frsize) < 64 * 2**20
     assert host.disks[1].free_bytes > 0
+
+
+# -- DCGM exporter metrics in a Prometheus text dump ------------------------------------
+
+DCGM_OF = {
+    "temperature_c": "DCGM_FI_DEV_GPU_TEMP", "power_w": "DCGM_FI_DEV_POWER_USAGE",
+    "utilization_pct": "DCGM_FI_DEV_GPU_UTIL", "memory_used_mib": "DCGM_FI_DEV_FB_USED",
+    "sm_clock_mhz": "DCGM_FI_DEV_SM_CLOCK", "ecc_corrected": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "ecc_uncorrected": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "throttle_reasons": "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+}
+
+
+def dcgm_dump(samples, path):
+    """The samples as promtool tsdb dump prints dcgm-exporter's series: one series after another."""
+    series = {}
+    for s in samples:
+        labels = f'gpu="{s.gpu}",UUID="GPU-{s.gpu:04d}",Hostname="{s.node}",modelName="NVIDIA H100 80GB HBM3"'
+        stamp = round(s.timestamp * 1000)
+        for field, metric in DCGM_OF.items():
+            value = getattr(s, field)
+            if value is not None:
+                series.setdefault((metric, labels), []).append(f"{metric}{{{labels}}} {value} {stamp}")
+        if s.memory_total_mib is not None and s.memory_used_mib is not None:
+            free = s.memory_total_mib - s.memory_used_mib
+            series.setdefault(("DCGM_FI_DEV_FB_FREE", labels), []).append(
+                f"DCGM_FI_DEV_FB_FREE{{{labels}}} {free} {stamp}")
+    lines = ["# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).", "# TYPE DCGM_FI_DEV_GPU_TEMP gauge"]
+    for rows in series.values():
+        lines.extend(rows)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_dcgm_dump_replays_like_the_csv_it_came_from(tmp_path):
+    from elasticft.health import RiskModel, summarize
+
+    csv_path = Path(__file__).parent / "data" / "falling_clocks.csv"
+    samples = [s for s in read_trace(csv_path) if s.temperature_c is not None]  # the lost row has no series
+    dump = tmp_path / "dcgm.prom"
+    dcgm_dump(samples, dump)
+    replayed = list(read_trace(dump))
+    assert len(replayed) == len(samples)
+    first = next(s for s in replayed if s.gpu == 1)
+    original = next(s for s in samples if s.gpu == 1)
+    assert (first.node, first.uuid, first.memory_total_mib) == ("node-a", "GPU-0001", original.memory_total_mib)
+    assert first.temperature_c == original.temperature_c and first.throttle_reasons == original.throttle_reasons
+    from_csv = {s.gpu: s for s in summarize(samples, RiskModel())}
+    from_dump = {s.gpu: s for s in summarize(replayed, RiskModel())}
+    assert from_dump[1].first_trigger.timestamp == from_csv[1].first_trigger.timestamp
+    assert [g for g, s in from_dump.items() if s.first_trigger] == [1]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('DCGM_FI_DEV_GPU_TEMP{gpu="0",Hostname="a"} 65\n', "sample without a timestamp"),
+    ('DCGM_FI_DEV_GPU_TEMP{gpu="0",Hostname="a"} hot 1714564800000\n', "bad value 'hot'"),
+    ('DCGM_FI_DEV_GPU_TEMP{gpu="0",Hostname="a} 65 1714564800000\n', "malformed labels"),
+    ('DCGM_FI_DEV_GPU_TEMP{Hostname="a"} 65 1714564800000\n', "without a numeric 'gpu' label"),
+    ('DCGM_FI_DEV_GPU_TEMP{gpu="0"} 65 1714564800000\nthis is not a metric line\n', ":2: not a Prometheus sample line"),
+])
+def test_a_malformed_dump_is_one_line_naming_the_file_and_exit_2(tmp_path, text, message):
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+
+    dump = tmp_path / "dcgm.prom"
+    dump.write_text(text)
+    result = CliRunner().invoke(app, ["health", "replay", str(dump)])
+    assert result.exit_code == 2
+    assert len(result.output.strip().splitlines()) == 1
+    assert result.output.startswith(f"eft health replay: error: {dump}:") and message in result.output

@@ -58,7 +58,7 @@ def test_once_draws_every_gpu_riskiest_first_with_header_and_factors(etcd_server
     assert [(n, g) for n, g, _ in rows[:2]] == [("node-b", 3), ("node-b", 1)]
     assert len(rows) == 8 and {(n, g): r for n, g, r in rows} == scores
     assert [r for _, _, r in rows] == sorted((r for _, _, r in rows), reverse=True)
-    assert scores[("node-b", 3)] == 1.0 and 0.5 <= scores[("node-b", 1)] < 0.95
+    assert scores[("node-b", 3)] == 1.0 and 0.5 <= scores[("node-b", 1)] < 0.8
     assert f"eft top · run {run.keys.run_id}" in out
     assert "TRAINING" in out and "2 nodes up" in out and "restarts 0" in out
     layout = json.loads(run.client.get(run.keys.layout).value)
@@ -74,11 +74,11 @@ def test_risk_colours_follow_the_threshold(etcd, run):
     state = read_state(etcd, run.keys)
     lines = record(build_view(state, time.time(), ViewSettings(threshold=0.95)))
     assert "31" in codes_at(lines, "node-b     3", "1.00")  # red at/above the threshold
-    assert "33" in codes_at(lines, "node-b     1", "0.71")  # yellow between 0.5 and it
+    assert "33" in codes_at(lines, "node-b     1", "0.72")  # yellow between 0.5 and it
     assert "32" in codes_at(lines, "node-a     0", "0.00")  # green below 0.5
     assert "31" in codes_at(lines, "node-b     3", "█")  # the bar too
     lowered = record(build_view(state, time.time(), ViewSettings(threshold=0.7)))
-    assert "31" in codes_at(lowered, "node-b     1", "0.71")
+    assert "31" in codes_at(lowered, "node-b     1", "0.72")
 
 
 def test_stale_rows_are_dimmed_and_marked(etcd_server, etcd, run):
@@ -249,7 +249,7 @@ def test_json_has_the_frame_data(etcd_server, run):
     result = eft(etcd_server, run, "top", "--once", "--json")
     data = json.loads(result.output)
     assert data["exists"] and data["header"]["run_id"] == run.keys.run_id
-    assert data["header"]["state"] == "training" and data["header"]["threshold"] == 0.95
+    assert data["header"]["state"] == "training" and data["header"]["threshold"] == 0.8
     assert [(g["node"], g["gpu"]) for g in data["gpus"]][:2] == [("node-b", 3), ("node-b", 1)]
     assert {(g["node"], g["gpu"]): round(g["risk"], 2) for g in data["gpus"]} == scores
     top = data["gpus"][0]
@@ -272,7 +272,7 @@ def test_status_is_one_plain_screen(etcd_server, run):
     assert lines[0].startswith(f"run {run.keys.run_id}: restarting (")
     assert "\x1b[" not in result.output and len(lines) <= 24
     assert any(l.startswith("LOST node-c (host-node-c, 4 GPUs)") for l in lines)
-    riskiest = lines.index("riskiest GPUs (5 of 8, threshold 0.95):")
+    riskiest = lines.index("riskiest GPUs (5 of 8, threshold 0.8):")
     assert lines[riskiest + 1].startswith("  node-b/3  risk 1.00 high")
     assert "  ... 3 more (eft top shows them all)" in lines
     assert "  latest    iteration 800, 0s ago → /ckpt/iter_0000800" in lines

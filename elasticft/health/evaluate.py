@@ -30,9 +30,11 @@ from elasticft.health.trace import batches
 Key = tuple[str, int]  # (node, gpu)
 DAY_S = 86400.0
 # Every GpuSample field that is a measurement; a row with none of them is a GPU that
-# no longer answers (what nvidia-smi prints as a row of [N/A]).
+# no longer answers (what nvidia-smi prints as a row of [N/A]). The thermal limits are
+# read once when the source starts, so a lost GPU's rows still carry them.
 METRIC_FIELDS = tuple(
-    f.name for f in dataclasses.fields(GpuSample) if f.name not in ("timestamp", "node", "gpu", "uuid", "xids")
+    f.name for f in dataclasses.fields(GpuSample)
+    if f.name not in ("timestamp", "node", "gpu", "uuid", "xids", "temp_slowdown_c", "temp_shutdown_c")
 )
 
 
@@ -209,3 +211,19 @@ def _count(trace: TraceScores, threshold: float, result: ThresholdResult) -> Non
         result.outcomes.append(
             Outcome(trace.name, key[0], key[1], failure.mode or trace.name, failure.time, times[0] if times else None)
         )
+
+
+def calibration_grid(step: float = 0.01, low: float = 0.3) -> list[float]:
+    """The thresholds ``eft health calibrate`` tries: ``low`` to 1 in ``step``s."""
+    count = round((1.0 - low) / step)
+    return [round(low + i * step, 4) for i in range(count + 1)]
+
+
+def propose_threshold(results: list[ThresholdResult], per_100_gpu_days: float) -> ThresholdResult | None:
+    """The lowest threshold whose false triggers per 100 healthy GPU-days are at most the
+    target: the earliest warning the fleet can afford. None when no threshold meets it."""
+    for result in sorted(results, key=lambda r: r.threshold):
+        rate = result.false_per_gpu_day
+        if rate is not None and rate * 100 <= per_100_gpu_days + 1e-12:
+            return result
+    return None

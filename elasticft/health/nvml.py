@@ -86,6 +86,8 @@ class NvmlSource:
         self._unsupported: set[tuple[int, str]] = set()
         self._failing: set[tuple[int, str]] = set()
         self._events = self._register_xid_events()
+        # The thermal limits are fixed per board: read once here, not at every sample.
+        self.limits = {index: self._limits(index, handle) for index, handle, _ in self.gpus}
 
     # -- Xid events ----------------------------------------------------------------
 
@@ -154,6 +156,15 @@ class NvmlSource:
         self._failing.discard((index, name))
         return value
 
+    def _limits(self, index: int, handle: Any) -> tuple[float | None, float | None]:
+        """(slowdown, shutdown) temperature thresholds in C; None where NVML does not say."""
+        nvml = self._nvml
+        return tuple(
+            _num(self._get(index, f"threshold_{name}", lambda k=kind: nvml.nvmlDeviceGetTemperatureThreshold(handle, k)))
+            for name, kind in (("slowdown", nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+                               ("shutdown", nvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN))
+        )
+
     def _sample(self, index: int, handle: Any, uuid: str, now: float, xids: list[int]) -> GpuSample:
         nvml, get = self._nvml, self._get
         memory = get(index, "memory", lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
@@ -194,6 +205,8 @@ class NvmlSource:
             xids=tuple(xids),
             sm_clock_mhz=_num(get(index, "sm_clock", lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))),
             mem_clock_mhz=_num(get(index, "mem_clock", lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM))),
+            temp_slowdown_c=self.limits[index][0],
+            temp_shutdown_c=self.limits[index][1],
         )
 
     def read(self) -> list[GpuSample]:

@@ -36,6 +36,10 @@ class GpuSample:
     xids: tuple[int, ...] = ()  # Xid events since the previous sample
     sm_clock_mhz: float | None = None
     mem_clock_mhz: float | None = None
+    # The GPU's own limits (NVML's slowdown and shutdown temperature thresholds); the
+    # risk model falls back to --eft-risk-temp-limit where a source cannot give them.
+    temp_slowdown_c: float | None = None
+    temp_shutdown_c: float | None = None
 
     @property
     def key(self) -> tuple[str, int]:

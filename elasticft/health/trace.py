@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import math
 import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from elasticft.health import prometheus
 from elasticft.health.sample import GpuSample
 
 
@@ -29,7 +31,7 @@ EFT_COLUMNS = (
     "timestamp", "node", "gpu", "uuid", "temperature_c", "memory_used_mib",
     "memory_total_mib", "power_w", "power_limit_w", "utilization_pct", "ecc_corrected",
     "ecc_uncorrected", "rows_pending", "throttle_reasons", "xids", "sm_clock_mhz",
-    "mem_clock_mhz",
+    "mem_clock_mhz", "temp_slowdown_c", "temp_shutdown_c",
 )
 
 # nvidia-smi --query-gpu names (header without its " [unit]") -> GpuSample field.
@@ -65,7 +67,7 @@ NVSMI_TIME_FORMAT = "%Y/%m/%d %H:%M:%S.%f"
 _NUMBER = re.compile(r"^([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(W|MiB|%|MHz|C)?$")
 _FLOAT_FIELDS = {
     "temperature_c", "memory_used_mib", "memory_total_mib", "power_w", "power_limit_w",
-    "utilization_pct", "sm_clock_mhz", "mem_clock_mhz",
+    "utilization_pct", "sm_clock_mhz", "mem_clock_mhz", "temp_slowdown_c", "temp_shutdown_c",
 }
 _INT_FIELDS = {"ecc_corrected", "ecc_uncorrected"}
 
@@ -216,6 +218,12 @@ def read_trace(path: str | Path, node: str | None = None) -> Iterator[GpuSample]
     if first is None:
         raise TraceError(f"{path}:1: empty trace (no header line)")
     header_line, header_text = first
+    if prometheus.looks_like_prometheus(header_text):
+        try:
+            yield from prometheus.read_prometheus(path, itertools.chain([first], lines), node)
+        except prometheus.DumpError as exc:
+            raise TraceError(str(exc)) from None
+        return
     header = next(csv.reader([header_text], skipinitialspace=True))
     kind, fields = _columns(header, path, header_line)
     parsers = [_field_parser(f) if f else None for f in fields]

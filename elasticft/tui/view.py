@@ -36,7 +36,7 @@ LOW_RISK = 0.5  # below this a GPU is green; from here to the threshold, yellow
 
 @dataclass(frozen=True)
 class ViewSettings:
-    threshold: float = 0.95
+    threshold: float = 0.8  # RiskConfig's default (eft top passes --threshold)
     stale_after: float = 30.0  # seconds after which a health sample is dimmed
     sort: str = "risk"
     request_timeout: float = 300.0  # as the agents' --eft-ckpt-request-timeout

@@ -33,6 +33,7 @@ a sudden fall-off with no warning and a job-wide throttle; its docstring says ho
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 import sys
@@ -46,7 +47,11 @@ from elasticft.health.trace import EFT_COLUMNS, write_trace
 HERE = Path(__file__).resolve().parent
 START = 1714564800.0  # 2024-05-01T12:00:00Z
 LIMIT_W, TOTAL_MIB = 700.0, 81559.0
-COLUMNS = [c for c in EFT_COLUMNS if c != "uuid"]  # uuids would double the file size
+SLOWDOWN_C, SHUTDOWN_C = 87.0, 95.0  # the thresholds NVML reports for the simulated board
+# uuids would double the file size; the thermal limits are written where they matter
+# (thermal_runaway.csv) and left to the model's defaults elsewhere.
+LIMIT_COLUMNS = [c for c in EFT_COLUMNS if c != "uuid"]
+COLUMNS = [c for c in LIMIT_COLUMNS if c not in ("temp_slowdown_c", "temp_shutdown_c")]
 SW_POWER_CAP, IDLE, HW_SLOWDOWN, HW_THERMAL, HW_POWER_BRAKE = 0x4, 0x1, 0x8, 0x40, 0x80
 
 
@@ -72,7 +77,7 @@ def uuid_of(rng: random.Random) -> str:
 class Node:
     """Simulates one node; ``fault(gpu, minute, sample)`` lets a trace break one GPU."""
 
-    def __init__(self, seed: int, gpus: int = 8, hot_gpu: int | None = None, name: str = "node-a"):
+    def __init__(self, seed: int, gpus: int = 8, hot_gpu: int | None = None, name: str = "node-a", days: float = 1.0):
         self.rng = random.Random(seed)
         self.name = name
         self.gpus = []
@@ -84,14 +89,16 @@ class Node:
             )
         self.pauses = []  # (start minute, end minute) of evaluation/checkpoint pauses
         minute = self.rng.uniform(25, 40)
-        while minute < 24 * 60:
+        while minute < days * 24 * 60:
             length = self.rng.uniform(3, 5)
             self.pauses.append((minute, minute + length))
             minute += length + self.rng.uniform(38, 50)
         self.uuids = [uuid_of(self.rng) for _ in range(gpus)]
 
     def paused(self, minute: float) -> bool:
-        return any(a <= minute < b for a, b in self.pauses)
+        # The pauses are sorted and disjoint: only the last one starting by now can hold it.
+        i = bisect.bisect_right(self.pauses, (minute, math.inf)) - 1
+        return i >= 0 and minute < self.pauses[i][1]
 
     def target_temp(self, gpu: Gpu, minute: float, power: float) -> float:
         room = 24.0 + 1.5 * math.sin(2 * math.pi * minute / 150.0)
@@ -124,6 +131,7 @@ class Node:
                     utilization_pct=round(max(0.0, util)), ecc_corrected=gpu.corrected,
                     ecc_uncorrected=gpu.uncorrected, rows_pending=False, throttle_reasons=reasons,
                     sm_clock_mhz=345.0 if pause else 1980.0, mem_clock_mhz=2619.0,
+                    temp_slowdown_c=SLOWDOWN_C, temp_shutdown_c=SHUTDOWN_C,
                 )
                 heat = 0.0
                 if fault is not None:
@@ -260,13 +268,16 @@ def main(out: Path = HERE) -> None:
     }
     for name, (node, fault, what) in traces.items():
         samples = node.run(minutes=80, step_s=30, fault=fault)
-        write_trace(out / name, samples, COLUMNS, [comment, what + "; failure row: all metrics empty"])
+        columns = LIMIT_COLUMNS if name == "thermal_runaway.csv" else COLUMNS
+        write_trace(out / name, samples, columns, [comment, what + "; failure row: all metrics empty"])
     node = Node(seed=5)
     samples = node.run(minutes=60, step_s=60, fault=ecc_nvidia_smi)
     write_nvidia_smi(out / "ecc_nvidia_smi.csv", jitter_ms(samples, node.rng))
-    from make_more_traces import main as more  # it imports this module: no cycle at load
+    from make_fleet import write_steady_overheat  # they import this module: no cycle at load
+    from make_more_traces import main as more
 
     more(out)
+    write_steady_overheat(out)
 
 
 if __name__ == "__main__":
