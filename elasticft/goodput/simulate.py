@@ -317,5 +317,5 @@ def simulate_job(costs: JobCosts, cluster: Cluster, trace: FailureTrace, policie
     share = max(trace.memory_loss_share(), MIN_MEMORY_LOSS_SHARE)
     layered = dataclasses.replace(plain, save_interval_seconds=young_daly_interval(
         job_mtbf_seconds / share, costs.save_seconds)) if young_daly_disk else plain
-    used = {policy.name: layered if policy.memory and costs.has_memory_tier else plain for policy in policies}
+    used = {policy.name: layered if policy.memory and plain.has_memory_tier else plain for policy in policies}
     return used, [run_policy(used[policy.name], policy, cluster, trace, record) for policy in policies]
