@@ -1,4 +1,4 @@
-"""``eft``: the operator's command (plan, health, ckpt, top, status).
+"""``eft``: the operator's command (plan, health, ckpt, top, status, simulate).
 
 Each sub-command lives in its own module with a ``register(app)`` function; this
 file only assembles them.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from launcher import ckpt_cmd, health_cmd, plan_cmd, top_cmd
+from launcher import ckpt_cmd, health_cmd, plan_cmd, simulate_cmd, top_cmd
 
 app = typer.Typer(
     help="eft: tools for elastic, fault-tolerant Megatron training launched with eft-run.",
@@ -27,6 +27,7 @@ plan_cmd.register(app)
 health_cmd.register(app)
 ckpt_cmd.register(app)
 top_cmd.register(app)
+simulate_cmd.register(app)
 
 
 def main() -> None:

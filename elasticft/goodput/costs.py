@@ -32,6 +32,9 @@ class JobCosts:
     """Time between memory checkpoints, in training time; 0: no memory tier."""
     memory_load_seconds: float = 0.0
     """Load time when resuming from memory instead of disk; 0: same as ``load_seconds``."""
+    reshard_seconds: float = 0.0
+    """Extra load time when the job resumes on a different number of GPUs (re-plan on the
+    survivors or grow back): the checkpoint is resharded to the new layout."""
 
     def __post_init__(self):
         for f in fields(self):
