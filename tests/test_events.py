@@ -21,6 +21,7 @@ WIRE = {
     "WATCHDOG": "watchdog", "HANG": "hang", "STRAGGLER": "straggler", "JOB_FINISHED": "job_finished",
     "JOB_FAILED": "job_failed", "NOTIFY_SUPPRESSED": "notify_suppressed", "CKPT_RESTORED": "ckpt_restored",
     "MEM_CKPT_FALLBACK": "mem_ckpt_fallback", "MEM_CKPT_PAUSED": "mem_ckpt_paused",
+    "WORKERS_STOPPED": "workers_stopped",
 }
 
 # One event of each kind with the fields its writer records (values as the writers make them).
@@ -46,6 +47,8 @@ SAMPLES = {
                           "best": 0.05, "relative": 0.1429, "individual": 1.0, "relative_threshold": 0.7,
                           "individual_threshold": 0.7, "action": "log"},
     EventKind.JOB_FINISHED: {},
+    EventKind.WORKERS_STOPPED: {"why": "restart", "rank": 0, "iteration": 12, "first_iteration": 1, "started": 1.0,
+                                "first_step": 3.0, "last_beat": 9.0, "steps": 11, "totals": {"step": 5.0}},
     EventKind.JOB_FAILED: {"state": "FAILED", "stopped_by": "SignalException"},
     EventKind.NOTIFY_SUPPRESSED: {"counts": {"watchdog": 2}},
     EventKind.CKPT_RESTORED: {"iteration": 41, "source": "memory", "path": "/dev/shm/eft/r/n0/restore/iter_0000041",

@@ -62,6 +62,7 @@ from elasticft.agent.hang_monitor import HangMonitor
 from elasticft.agent.memory import MemoryService
 from elasticft.agent.observe import Observer
 from elasticft.agent.replan import RoundPlanner
+from elasticft.agent.segments import StopRecorder
 from elasticft.agent.services import AgentServices, WorkerProbe
 from elasticft.contract.events import EventKind
 from elasticft.contract.records import layout_record
@@ -83,6 +84,7 @@ class FTElasticAgent(LocalElasticAgent):
         self._hangs: HangMonitor | None = None
         self._observer: Observer | None = None  # made in run(), with the hang monitor
         self._memory: MemoryService | None = None  # the memory checkpoint tier (etcd-v3 only)
+        self._stops: StopRecorder | None = None  # workers_stopped events (etcd-v3 only)
         self._excluded = False  # this node left the job as a straggler
         self._planner = RoundPlanner.for_worker(spec.args, settings.planner)
         self._ckpt = CheckpointCoordinator(settings.ckpt, self._signal_workers, self._run_dir)
@@ -136,6 +138,7 @@ class FTElasticAgent(LocalElasticAgent):
             os.environ.update(MemoryService.worker_environment(self._settings.memory))
         timeouts = SectionTimeouts.for_worker(self._settings.hang, spec.args,
                                               ctx.client if ctx else None, ctx.keys if ctx else None)
+        self._stops = StopRecorder(ctx.record, self._run_dir) if ctx else None
         self._hangs = HangMonitor(self._settings.hang, timeouts, self._run_dir, ctx.record if ctx else None)
         self._observer = Observer(ctx.membership if ctx else None, self._hangs, self._ckpt,
                                   self._settings.ft.attribution_window,
@@ -143,6 +146,8 @@ class FTElasticAgent(LocalElasticAgent):
         self._ckpt.forward_exit_signals()
 
     def _finish(self, clean: bool, stopped_by: str | None) -> None:
+        if self._stops is not None:
+            self._stops.stopped("finished" if clean else "failed")
         self._services.stop()
         if self._memory is not None:
             self._memory.close()
@@ -178,6 +183,8 @@ class FTElasticAgent(LocalElasticAgent):
                 self._ctx.record(EventKind.JOB_FINISHED)
         else:
             self._ctx.record(EventKind.JOB_FAILED, state=self.get_worker_group().state.name, stopped_by=stopped_by)
+        if self._settings.ft.events_file and (not clean or self.get_worker_group().group_rank in (0, None)):
+            self._ctx.events.export(self._settings.ft.events_file)
 
     def _signal_workers(self, signum: int) -> None:
         for pid in torch_seam.worker_pids(self).values():
@@ -244,6 +251,8 @@ class FTElasticAgent(LocalElasticAgent):
         if self._memory is not None and worker_group.workers:
             os.environ.update(self._memory.before_workers_start(worker_group.group_rank))  # before heartbeats go
         self._hangs.forget_heartbeats()
+        if self._stops is not None and worker_group.workers:
+            self._stops.started()
         if self._planner is not None:
             worker_group.spec.args = self._planner.worker_args()
             os.environ.update(self._planner.worker_env())
@@ -262,6 +271,8 @@ class FTElasticAgent(LocalElasticAgent):
         if self._hangs is not None:
             self._hangs.wait_for_stacks()
         super()._shutdown(self._pending.stop_signal)
+        if self._stops is not None:
+            self._stops.stopped("restart")
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         """Every restart is an event; torch has already charged a worker failure to --max-restarts."""

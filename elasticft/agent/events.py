@@ -14,6 +14,7 @@ import time
 import uuid
 
 from elasticft.contract.keys import RunKeys
+from elasticft.contract.run_dir import write_atomically
 from elasticft.store import EtcdClient, StoreError
 
 log = logging.getLogger(__name__)
@@ -46,3 +47,14 @@ class EventLog:
         items, _ = self._client.get_prefix(self._keys.events)
         events = [json.loads(item.value) for item in sorted(items, key=lambda i: i.key)]
         return events[-limit:] if limit else events
+
+    def export(self, path: str) -> None:
+        """The whole log as JSON lines at ``path`` (written whole or not at all); a failure is
+        logged, never raised: the job's end must not fail for its report."""
+        try:
+            lines = "".join(json.dumps(event) + "\n" for event in self.read())
+            write_atomically(path, lines)
+        except (StoreError, OSError) as exc:
+            log.warning("could not write the event log to %s: %s", path, exc)
+        else:
+            log.info("event log written to %s (eft report --events %s)", path, path)

@@ -57,6 +57,11 @@ class EventKind(enum.StrEnum):
     MEM_CKPT_FALLBACK = "mem_ckpt_fallback"
     # The memory tier paused or went on; paused (bool), used_bytes, budget_bytes, why.
     MEM_CKPT_PAUSED = "mem_ckpt_paused"
+    # The source's workers stopped (a restart, the end); why (restart, finished or failed), and what local
+    # rank 0's heartbeat says of its process: rank, iteration (last), first_iteration, started, first_step,
+    # last_beat (unix times), steps, totals ({section: seconds}), stalls ({tier: seconds} steps waited for
+    # background saves). What `eft report` accounts time from.
+    WORKERS_STOPPED = "workers_stopped"
     # The job ended cleanly (recorded by group rank 0 only); no fields.
     JOB_FINISHED = "job_finished"
     # The source's agent stopped without a clean end; state (its workers'), stopped_by (None: not by an exception).
@@ -175,6 +180,8 @@ _LINES: dict[EventKind, Callable[[_Fields], str]] = {
         f"memory checkpoint of iteration {f['iteration']} unusable ({f['why']}); falling back to {f['then']}"),
     EventKind.MEM_CKPT_PAUSED: lambda f: (
         ("memory checkpoints paused: " if f.event.get("paused") else "memory checkpoints resumed: ") + f['why']),
+    EventKind.WORKERS_STOPPED: lambda f: (
+        f"workers of {f['source']} stopped ({f['why']}) at iteration {f['iteration']} after {f['steps']} step(s)"),
     EventKind.JOB_FINISHED: lambda f: "job finished",
     EventKind.JOB_FAILED: lambda f: f"job failed (workers {f['state']})" + f.part(", stopped by {}", "stopped_by"),
     EventKind.NOTIFY_SUPPRESSED: lambda f: _suppressed_counts(f.event),

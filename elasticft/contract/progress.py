@@ -37,6 +37,13 @@ class ProgressRecord:
     longest: dict[str, float] = field(default_factory=dict)  # section -> longest completed, seconds
     step_times: tuple[float, ...] = ()  # recent steps' work time (else wall time), oldest first
     dump_signal: int | None = None  # the signal that makes the rank print its stacks
+    # What the process's time went to, for `eft report` (absent from older writers):
+    started: float | None = None  # unix time the process started
+    first_step: float | None = None  # unix time of its first step() (setup ends there)
+    first_iteration: int | None = None  # the iteration of that first step()
+    steps: int = 0  # completed steps
+    totals: dict[str, float] = field(default_factory=dict)  # section -> seconds spent in it, closed ones
+    stalls: dict[str, float] = field(default_factory=dict)  # tier -> seconds steps waited for background saves
 
     @classmethod
     def from_json(cls, record: Any) -> "ProgressRecord":
@@ -58,7 +65,17 @@ class ProgressRecord:
             longest={str(k): float(v) for k, v in dict(record.get("longest") or {}).items()},
             step_times=tuple(float(t) for t in record.get("step_times") or ()),
             dump_signal=None if dump is None else int(dump),
+            started=_optional(record.get("started"), float),
+            first_step=_optional(record.get("first_step"), float),
+            first_iteration=_optional(record.get("first_iteration"), int),
+            steps=int(record.get("steps") or 0),
+            totals={str(k): float(v) for k, v in dict(record.get("totals") or {}).items()},
+            stalls={str(k): float(v) for k, v in dict(record.get("stalls") or {}).items()},
         )
+
+
+def _optional(value: Any, kind: type):
+    return None if value is None else kind(value)
 
 
 def progress_dir(run_dir: str | os.PathLike) -> Path:

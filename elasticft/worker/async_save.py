@@ -23,6 +23,7 @@ Under plain torchrun the hook is inert and there is no vote: ``start`` saves syn
 from __future__ import annotations
 
 import logging
+import time
 
 import torch.distributed as dist
 
@@ -68,6 +69,7 @@ class AsyncSaves:
     def start(self, iteration: int, state: dict) -> float:
         """Every rank: begin saving ``state`` as ``iteration``; returns the stall in seconds.
         A save still in flight is finished first (it is older)."""
+        began = time.perf_counter()
         self.flush()
         path = self.checkpoints.path_for(iteration)
         if dist.get_rank() == 0:
@@ -77,6 +79,7 @@ class AsyncSaves:
                                        validate=not self._validated)
         self._validated = True
         self.last_stall = self._pending.stall
+        self.hook.stalled("disk", time.perf_counter() - began)
         if self.hook.inert:  # no vote to agree on: finish now, as a synchronous save would
             self._finished = self.flush()  # step() reports it, as it reports a background save
         return self.last_stall

@@ -170,6 +170,12 @@ class Hook:
         faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=False)
         return signum
 
+    def stalled(self, tier: str, seconds: float) -> None:
+        """Training waited ``seconds`` inside a step for a save of ``tier`` ("disk", "memory")
+        made off the training path: counted apart from the step's work (``eft report``)."""
+        if not self.inert:
+            self.progress.add_stall(tier, seconds)
+
     @property
     def inert(self) -> bool:
         return not self.run_dir

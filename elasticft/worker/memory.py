@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -105,10 +106,12 @@ class MemoryCheckpoints:
         if self._pending is not None and not self._agreed[BUSY]:
             self._finish(failed=bool(self._agreed[FAILED]))
         if self._due(iteration) and self._pending is None and not self._agreed[PAUSED]:
+            began = time.perf_counter()
             path = Path(self.dir) / iter_dir_name(iteration)
             self._pending = Snapshot.start(iteration, path, state_fn(), self._copier, self._strategy,
                                            validate=not self._validated)
             self._validated = True
+            self.hook.stalled("memory", time.perf_counter() - began)
 
     def flush(self) -> None:
         """Every rank, at the same iteration: wait for the snapshot in flight and finish it.

@@ -58,6 +58,14 @@ class ProgressWriter:
         self.iteration: int | None = None
         self.section = "setup"
         self.since = clock() if started is None else started  # setup counts from the process's start
+        self.started = self.since
+        # For `eft report`: what this process's time went to (closed sections, nested time
+        # counted once, in the nested section), and where its training began.
+        self.totals: dict[str, float] = dict.fromkeys(SECTIONS, 0.0)
+        self.first_step: float | None = None
+        self.first_iteration: int | None = None
+        self.steps = 0
+        self.stalls: dict[str, float] = {}  # tier -> seconds a step waited for a background save
         self.longest: dict[str, float] = {}
         self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
         self._stack: list[tuple[str, float]] = []  # sections a nested section interrupted
@@ -72,6 +80,7 @@ class ProgressWriter:
         took = now - self.since
         if self.section == "step":
             took -= self._nested
+        self.totals[self.section] += took
         if took > self.longest.get(self.section, 0.0):
             self.longest[self.section] = took
         return took
@@ -85,6 +94,9 @@ class ProgressWriter:
         took = self._close_current(now)
         if was_step:
             self.step_times.append(self._work if self._worked else took)
+            self.steps += 1
+        elif self.first_step is None:
+            self.first_step, self.first_iteration = now, iteration
         self.iteration = iteration
         self.section, self.since = "step", now
         self._nested = self._work = 0.0
@@ -115,6 +127,9 @@ class ProgressWriter:
         self._work += seconds
         self._worked = True
 
+    def add_stall(self, tier: str, seconds: float) -> None:
+        self.stalls[tier] = self.stalls.get(tier, 0.0) + seconds
+
     def close(self) -> None:
         """Training is over: the rest of the process's life is ``other``."""
         now = self._clock()
@@ -136,6 +151,12 @@ class ProgressWriter:
             "longest": self.longest,
             "step_times": list(self.step_times),
             "dump_signal": self.dump_signal,
+            "started": self.started,
+            "first_step": self.first_step,
+            "first_iteration": self.first_iteration,
+            "steps": self.steps,
+            "totals": self.totals,
+            "stalls": self.stalls,
         }
 
     def write(self) -> None:
