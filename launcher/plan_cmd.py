@@ -24,6 +24,7 @@ from elasticft.planner.layout import (
     with_limits,
 )
 from elasticft.planner.megatron_args import load_model_config
+from launcher.one_line import OneLineErrors, fail
 
 _KNOBS = {f.name: f for f in dataclasses.fields(PlannerConfig)}
 
@@ -36,18 +37,7 @@ def _knob_option(name: str) -> Any:
 
 
 def _fail(message: str) -> NoReturn:
-    typer.echo(f"eft plan: {message}", err=True)
-    raise typer.Exit(2)
-
-
-class _OneLineErrors(typer.core.TyperCommand):
-    """Usage errors (missing or malformed options) as one line instead of click's box."""
-
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except typer.TyperException as err:  # typer's usage errors (it vendors click)
-            _fail(err.format_message())
+    fail("plan", message)
 
 
 def cluster_nodes(world_size: int | None, nodes: str | None, gpus_per_node: int) -> list[int]:
@@ -186,4 +176,4 @@ def plan_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("plan", cls=_OneLineErrors)(plan_command)
+    app.command("plan", cls=OneLineErrors)(plan_command)

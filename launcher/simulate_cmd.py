@@ -22,6 +22,7 @@ from elasticft.goodput.policies import LOSSES, PRESET_HELP, PRESETS, Cluster, de
 from elasticft.goodput.sim_plot import picture
 from elasticft.goodput.simulate import simulate_job
 from elasticft.goodput.svg import SvgError
+from launcher.one_line import OneLineErrors, fail
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Costs when neither --costs nor the flag gives one: assumptions for a large model on H100s
@@ -35,18 +36,7 @@ DEFAULT_COSTS = {
 
 
 def _fail(message: str) -> NoReturn:
-    typer.echo(f"eft simulate: {message}", err=True)
-    raise typer.Exit(2)
-
-
-class _OneLineErrors(typer.core.TyperCommand):
-    """Usage errors (a malformed number, an unknown option) as one line instead of click's box."""
-
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except typer.TyperException as err:
-            _fail(err.format_message())
+    fail("simulate", message)
 
 
 def _cost_option(name: str, help_text: str):
@@ -228,4 +218,4 @@ def simulate_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("simulate", cls=_OneLineErrors)(simulate_command)
+    app.command("simulate", cls=OneLineErrors)(simulate_command)

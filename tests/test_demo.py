@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.launch import read_jsonl
+from elasticft.goodput.breakdown import breakdown
 
 pytestmark = pytest.mark.slow
 
@@ -81,6 +82,12 @@ def test_without_the_health_trigger_the_iterations_since_the_periodic_save_are_r
     assert facts["emergency_checkpoint"] is None and not facts["detections"]
     assert facts["iterations_redone"] == LOSE_AT - SAVE_INTERVAL  # 4, against <= 1 with the trigger
     assert_same_losses(result, reference)
+    # eft report on the same run: the loss, the re-done iterations and the half-size layout.
+    report = breakdown(read_jsonl(tmp_path / "events.jsonl"))
+    (failure,) = report.failures
+    assert failure.cause == "node lost: node1" and failure.iterations_lost == facts["iterations_redone"]
+    assert report.seconds["rework"] > 0 and report.seconds["reduced_capacity"] > 0
+    assert sum(report.seconds.values()) == pytest.approx(report.paid)
 
 
 def test_a_node_that_comes_back_is_admitted_at_the_larger_layout(demo, reference, tmp_path):
@@ -106,3 +113,5 @@ def test_readme_quick_start_runs_the_demo(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "emergency checkpoint" in done.stdout and "finished iteration 24/24" in done.stdout
+    assert "goodput" in done.stdout and "node lost: node1" in done.stdout  # eft report on the run
+    assert "<svg" in (tmp_path / "timeline.html").read_text()

@@ -16,6 +16,9 @@ share from its replica, or disk — resharded to the new layout, and finishes
 --no-memory turns the memory tier off (disk checkpoints only): compare how much is re-done.
 --compare runs the scenario with and without the memory tier and prints both.
 --comeback-at starts a new node 1 once node 0 reaches iteration I (scale-up).
+
+Then `eft report` on the run's event log (OUT/events.jsonl): where the GPU time went, the
+goodput, and a timeline picture (OUT/timeline.html).
 """
 
 from __future__ import annotations
@@ -107,7 +110,16 @@ def run(args) -> dict:
                     node.kill()
     result = {"out": str(out), "exit_code": nodes[0].returncode, "events": events, "log": iterations(out)}
     (out / "result.json").write_text(json.dumps(result, indent=1))
+    (out / "events.jsonl").write_text("".join(json.dumps(event) + "\n" for event in events))
     return result
+
+
+def goodput(result: dict) -> str:
+    """What `eft report --events OUT/events.jsonl --plot OUT/timeline.html` prints, and the picture."""
+    out = Path(result["out"])
+    done = subprocess.run([sys.executable, "-m", "launcher.cli", "report", "--events", str(out / "events.jsonl"),
+                           "--plot", str(out / "timeline.html")], cwd=ROOT, capture_output=True, text=True)
+    return (done.stdout or done.stderr).rstrip() + f"\n(timeline picture: {out / 'timeline.html'})"
 
 
 def main(argv=None) -> int:
@@ -131,6 +143,7 @@ def main(argv=None) -> int:
     if not args.compare:
         result = run(args)
         print(tell(result, args))
+        print("\n" + goodput(result))
         return 0 if result["exit_code"] == 0 else 1
     results = {}
     for memory in (True, False):
