@@ -133,8 +133,9 @@ class _Handler(BaseHTTPRequestHandler):
             os.replace(tmp, folder / name)
         finally:
             tmp.unlink(missing_ok=True)
-        self._answer(200, "ok")
+        # Before the answer: once the sender has its 200, the replica is the tier's to count.
         owner.on_received(origin, iteration)
+        self._answer(200, "ok")
 
 
 class _Server(ThreadingHTTPServer):
