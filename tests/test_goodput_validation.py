@@ -43,7 +43,12 @@ def test_report_matches_the_run_and_the_simulator_replays_it(tmp_path):
 
     # What the run itself recorded.
     restored = [e for e in events if e["kind"] == EventKind.CKPT_RESTORED and e.get("redone") is not None]
-    assert [f.iterations_lost for f in report.failures] == [e["redone"] for e in restored] == [3, 5]
+    assert [f.iterations_lost for f in report.failures] == [e["redone"] for e in restored]
+    # Killed after 8 and after 20, restored from the newest complete saves, 5 and 15: 3 and 5
+    # iterations trained again. How far a generation got comes from its heartbeat, which is
+    # written at most every STEP_WRITE_INTERVAL, so it may be one iteration behind the kill.
+    assert [e["iteration"] for e in restored] == [5, 15]
+    assert [lost in (true - 1, true) for lost, true in zip((e["redone"] for e in restored), (3, 5))] == [True] * 2
     assert [f.cause for f in report.failures] == ["worker failed", "worker failed"]
     steps = [r for r in read_jsonl(tmp_path / "train.jsonl") if r["event"] == "iteration"]
     assert max(r["iteration"] for r in steps) == 30 and report.generations[-1].iteration == 30
