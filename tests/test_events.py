@@ -22,6 +22,8 @@ WIRE = {
     "JOB_FAILED": "job_failed", "NOTIFY_SUPPRESSED": "notify_suppressed", "CKPT_RESTORED": "ckpt_restored",
     "MEM_CKPT_FALLBACK": "mem_ckpt_fallback", "MEM_CKPT_PAUSED": "mem_ckpt_paused",
     "WORKERS_STOPPED": "workers_stopped",
+    "ROLLBACK": "rollback", "TRANSIENT_FAULT": "transient_fault", "DATA_SKIPPED": "data_skipped",
+    "NODE_SUSPECT": "node_suspect",
 }
 
 # One event of each kind with the fields its writer records (values as the writers make them).
@@ -57,6 +59,12 @@ SAMPLES = {
                                   "then": "iteration 41 from memory"},
     EventKind.MEM_CKPT_PAUSED: {"paused": True, "used_bytes": 10, "budget_bytes": 8,
                                 "why": "10 B in use, budget 8 B"},
+    EventKind.ROLLBACK: {"cause": "unknown", "iteration": 6, "fault": "nan", "loss": "nan", "grad_norm": "nan",
+                         "ranks": [1], "nodes": ["n1"], "level": None, "attempt": 1},
+    EventKind.TRANSIENT_FAULT: {"iteration": 6, "fault": "nan", "ranks": [1], "nodes": ["n1"], "attempts": 1,
+                                "loss": "nan", "rerun_loss": 4.8},
+    EventKind.DATA_SKIPPED: {"iteration": 7, "fault": "nan", "loss": "nan", "grad_norm": "nan"},
+    EventKind.NODE_SUSPECT: {"node": "n1", "faults": 2, "action": "exclude"},
 }
 
 
@@ -95,6 +103,10 @@ def test_lines_say_what_happened():
     assert lines[EventKind.CKPT_SAVED] == "checkpoint saved: iteration 20 in 3.2 s → /ckpt/iter_0000020"
     assert lines[EventKind.WATCHDOG] == "watchdog cpu_memory tripped on host: 97% used"
     assert lines[EventKind.NOTIFY_SUPPRESSED] == "rate limit held back 2 watchdog"
+    assert lines[EventKind.ROLLBACK] == "iteration 6: nan (loss nan, rank(s) 1); rolling back to re-run it"
+    assert lines[EventKind.TRANSIENT_FAULT] == "iteration 6 re-ran clean: a transient nan fault on rank(s) 1 (n1)"
+    assert lines[EventKind.NODE_SUSPECT] == ("node n1 is suspect: implicated in 2 numeric faults and leaves at the "
+                                             "next restart")
 
 
 def test_unknown_kinds_list_their_fields():
@@ -125,7 +137,8 @@ def test_the_notified_set_is_what_the_notifier_sends(tmp_path):
         EventKind.NODE_LOST, EventKind.NODE_LEFT, EventKind.LAYOUT, EventKind.CKPT_REQUEST, EventKind.CKPT_SAVED,
         EventKind.CKPT_FILTERED, EventKind.WATCHDOG, EventKind.HANG, EventKind.RESTART, EventKind.STRAGGLER,
         EventKind.NODE_EXCLUDED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED, EventKind.MEM_CKPT_FALLBACK,
-        EventKind.MEM_CKPT_PAUSED,
+        EventKind.MEM_CKPT_PAUSED, EventKind.ROLLBACK, EventKind.TRANSIENT_FAULT, EventKind.DATA_SKIPPED,
+        EventKind.NODE_SUSPECT,
     }
     out = tmp_path / "sent.jsonl"
     notifier = Notifier([Sink("file", str(out))], rate_limit=0)

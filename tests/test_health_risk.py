@@ -68,6 +68,16 @@ def test_a_critical_event_alone_sets_the_score_to_one(fields, reason):
     assert not scores[1].triggered
 
 
+def test_a_node_suspect_of_bad_numbers_has_every_gpu_at_risk_one_once():
+    model = RiskModel()
+    steady(model, gpus=2)
+    model.set_suspect("n", "numeric faults (node_suspect)")
+    first = model.update([busy(0, 300), busy(1, 300), busy(0, 300, node="other")])
+    assert [s.score for s in first] == [1.0, 1.0, pytest.approx(0.0, abs=0.05)]
+    assert first[0].critical == "numeric faults (node_suspect)" and first[0].crossed
+    assert not model.update([busy(0, 310), busy(1, 310)])[0].crossed  # one request, not one per sample
+
+
 def test_non_critical_xid_and_old_uncorrected_errors_are_not_critical():
     model = RiskModel()
     first = model.update([busy(0, 0, ecc_uncorrected=3)])[0]  # from before we started watching

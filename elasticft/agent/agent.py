@@ -60,6 +60,7 @@ from elasticft.agent.decide import (
 from elasticft.agent.exclusion import leave_if_straggler
 from elasticft.agent.hang_monitor import HangMonitor
 from elasticft.agent.memory import MemoryService
+from elasticft.agent.numerics import NumericsWatch
 from elasticft.agent.observe import Observer
 from elasticft.agent.replan import RoundPlanner
 from elasticft.agent.segments import StopRecorder
@@ -85,7 +86,8 @@ class FTElasticAgent(LocalElasticAgent):
         self._observer: Observer | None = None  # made in run(), with the hang monitor
         self._memory: MemoryService | None = None  # the memory checkpoint tier (etcd-v3 only)
         self._stops: StopRecorder | None = None  # workers_stopped events (etcd-v3 only)
-        self._excluded = False  # this node left the job as a straggler
+        self._excluded = False  # this node left the job (a straggler, or suspect)
+        self._numerics: NumericsWatch | None = None  # made in run(), once the node id is known
         self._planner = RoundPlanner.for_worker(spec.args, settings.planner)
         self._ckpt = CheckpointCoordinator(settings.ckpt, self._signal_workers, self._run_dir)
         # The monitor's last decision that stops the workers: read by the stop and
@@ -129,10 +131,13 @@ class FTElasticAgent(LocalElasticAgent):
         os.environ[env_name("stack_signal")] = self._settings.hang.stack_signal
         if self._settings.ft.inject:
             os.environ[WorkerEnv.INJECT] = self._settings.ft.inject
+        self._numerics = NumericsWatch(self._settings.numerics, self._run_dir, ctx.node_id if ctx else socket.getfqdn())
+        os.environ.update(self._numerics.worker_environment())
         if ctx is not None:
             probe = WorkerProbe(spec.local_world_size, lambda: torch_seam.worker_processes(self),
                                 self._world_size)
             self._services.start(ctx, self._settings, self._ckpt, probe)
+            self._numerics.connect(ctx, self._ckpt.on_outbox)  # after the relay started
             self._memory = MemoryService(self._settings.memory, ctx, spec.local_addr or socket.getfqdn(),
                                          self._run_dir, self._holds_rank0, self._settings.ft.inject).start(self._ckpt)
             os.environ.update(MemoryService.worker_environment(self._settings.memory))
@@ -142,7 +147,7 @@ class FTElasticAgent(LocalElasticAgent):
         self._hangs = HangMonitor(self._settings.hang, timeouts, self._run_dir, ctx.record if ctx else None)
         self._observer = Observer(ctx.membership if ctx else None, self._hangs, self._ckpt,
                                   self._settings.ft.attribution_window,
-                                  lambda: set(torch_seam.worker_pids(self).values()))
+                                  lambda: set(torch_seam.worker_pids(self).values()), self._numerics)
         self._ckpt.forward_exit_signals()
 
     def _finish(self, clean: bool, stopped_by: str | None) -> None:
@@ -217,10 +222,17 @@ class FTElasticAgent(LocalElasticAgent):
                  worker_group.group_rank, worker_group.group_world_size, world)
 
     def _leave_if_excluded(self, worker_group: WorkerGroup) -> None:
-        """``--eft-straggler-action exclude``: leave at this restart (see exclusion.py)."""
-        if leave_if_straggler(self._ctx, self._services.stragglers, worker_group.spec.rdzv_handler):
+        """``--eft-straggler-action exclude`` or ``--eft-suspect-action exclude``: leave at
+        this restart (see exclusion.py)."""
+        handler = worker_group.spec.rdzv_handler
+        if leave_if_straggler(self._ctx, self._services.stragglers, handler):
             self._excluded = True
             raise RendezvousGracefulExitError(f"node {self._ctx.node_id} left the job as a straggler")
+        sampler = self._services.sampler
+        ranks = sorted(w.global_rank for w in worker_group.workers)
+        if self._numerics.at_restart(self._ctx, sampler.model if sampler else None, handler, ranks):
+            self._excluded = True
+            raise RendezvousGracefulExitError(f"node {self._ctx.node_id} left the job: suspect of bad numbers")
 
     def _assign_worker_ranks(
         self, store, group_rank: int, group_world_size: int, spec: WorkerSpec
@@ -248,6 +260,7 @@ class FTElasticAgent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict:
         self._ckpt.before_workers_start()
+        self._numerics.forget_rollback()
         if self._memory is not None and worker_group.workers:
             os.environ.update(self._memory.before_workers_start(worker_group.group_rank))  # before heartbeats go
         self._hangs.forget_heartbeats()
@@ -324,6 +337,9 @@ class FTElasticAgent(LocalElasticAgent):
         """Log (and record) a restart that torch does not charge."""
         if decision.reason is RestartReason.SIGNAL_SAVE:
             log.info("workers exited after their signal-driven save; restarting them")
+            return
+        if decision.reason is RestartReason.ROLLBACK:
+            log.warning("workers stopped on bad numbers; restarting them from the last good state")
             return
         self.membership_restarts += 1
         if decision.lost:

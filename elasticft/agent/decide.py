@@ -32,6 +32,7 @@ class RestartReason(enum.StrEnum):
     MEMBERSHIP = "membership"  # a node was lost, or nodes wait to join (not charged)
     HANG = "hang"  # a rank overran its section timeout (charged)
     SIGNAL_SAVE = "signal_save"  # workers saved and exited because the agent asked (not charged)
+    ROLLBACK = "rollback"  # workers stopped on bad numbers, to re-run from the last good state (not charged)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Observation:
     lost: tuple[NodeRecord, ...] | None = None
     overruns: tuple = ()
     signal_save: bool = False
+    rollback: bool = False  # the workers exited to re-run a bad iteration (elasticft.worker.numerics)
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ REPORT = Decision(Verdict.REPORT)
 
 def decide(seen: Observation) -> Decision:
     """The rule, in order: a membership change first (its peers' stalls and failures are
-    its consequences), then a hang, then a signal-driven save; else torch's own result."""
+    its consequences), then a hang, then a signal-driven save or a rollback; else torch's own result."""
     if seen.lost is not None and seen.state is not WorkerState.SUCCEEDED:
         kill = bool(seen.lost)  # a dead peer: the survivors' collectives cannot finish a save
         return Decision(Verdict.RESTART, RestartReason.MEMBERSHIP,
@@ -73,6 +75,8 @@ def decide(seen: Observation) -> Decision:
         return Decision(Verdict.HANG, RestartReason.HANG, signal.SIGKILL)
     if seen.state is WorkerState.SUCCEEDED and seen.signal_save:
         return Decision(Verdict.RESTART, RestartReason.SIGNAL_SAVE)
+    if seen.state is WorkerState.SUCCEEDED and seen.rollback:
+        return Decision(Verdict.RESTART, RestartReason.ROLLBACK)
     return REPORT
 
 

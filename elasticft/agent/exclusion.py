@@ -1,4 +1,5 @@
-"""``--eft-straggler-action exclude``: a node with a straggler leaves the job at a restart.
+"""``--eft-straggler-action exclude`` and ``--eft-suspect-action exclude``: a node with a
+straggler, or one suspect of computing bad numbers, leaves the job at a restart.
 
 The agent asks at every restart, when its workers are stopped and the next round is not
 yet joined. The node marks its record ``excluded`` *before* counting the others, so two
@@ -28,8 +29,13 @@ def leave_if_straggler(ctx: AgentContext, monitor: StragglerMonitor | None, rdzv
     """True when this node has left the job (the caller ends the agent); False: it stays."""
     if monitor is None or not monitor.wants_exclusion():
         return False
+    return leave_job(ctx, rdzv_handler, sorted(s.rank for s in monitor.stragglers), "straggler")
+
+
+def leave_job(ctx: AgentContext, rdzv_handler, ranks: list[int], reason: str) -> bool:
+    """Leave the job for ``reason`` (the ``node_excluded`` event's) unless the others alone
+    would be too few; True when this node has left (the caller ends the agent)."""
     node_id, lease = ctx.node_id, ctx.node
-    ranks = sorted(s.rank for s in monitor.stragglers)
     min_nodes = rdzv_handler.settings.min_nodes
     try:
         lease.set_state(NodeState.EXCLUDED)
@@ -42,11 +48,10 @@ def leave_if_straggler(ctx: AgentContext, monitor: StragglerMonitor | None, rdzv
             lease.set_state(NodeState.RUNNING)
         except StoreError:
             pass  # the lease keeps the record; the next restart tries again
-        log.warning("straggler rank(s) %s stay: %s", ranks, why)
+        log.warning("%s rank(s) %s stay: %s", reason, ranks, why)
         return False
-    ctx.record(EventKind.NODE_EXCLUDED, ranks=ranks, reason="straggler", remaining_nodes=others)
-    log.warning("node %s leaves the job: straggler rank(s) %s (--eft-straggler-action exclude); "
-                "%d node(s) go on without it", node_id, ranks, others)
+    ctx.record(EventKind.NODE_EXCLUDED, ranks=ranks, reason=reason, remaining_nodes=others)
+    log.warning("node %s leaves the job: %s rank(s) %s; %d node(s) go on without it", node_id, reason, ranks, others)
     leave_without_closing(rdzv_handler)
     lease.close(clean=False)
     return True

@@ -2,7 +2,7 @@
 
 Lost nodes come from the membership watch (etcd leases), nodes waiting to join from the
 rendezvous, hung ranks from the heartbeats, a finished signal-driven save from the
-checkpoint coordinator. Gathering is I/O and may wait (a failure is given the
+checkpoint coordinator, a rollback from the numbers check's marker. Gathering is I/O and may wait (a failure is given the
 attribution window to be explained by a lost node); deciding is ``decide.py``'s.
 """
 
@@ -16,23 +16,26 @@ from torch.distributed.elastic.agent.server.api import WorkerGroup, WorkerState
 from elasticft.agent.checkpoints import CheckpointCoordinator
 from elasticft.agent.decide import Observation
 from elasticft.agent.hang_monitor import HangMonitor
+from elasticft.agent.numerics import NumericsWatch
 from elasticft.contract.records import NodeRecord
 from elasticft.rendezvous.membership import Membership
 
 
 class Observer:
     def __init__(self, membership: Membership | None, hangs: HangMonitor, ckpt: CheckpointCoordinator,
-                 attribution_window: float, worker_pids: Callable[[], set[int]]):
+                 attribution_window: float, worker_pids: Callable[[], set[int]], numerics: NumericsWatch):
         self._membership = membership  # None off the etcd-v3 backend: no leases to watch
         self._hangs = hangs
         self._ckpt = ckpt
         self._window = attribution_window
         self._worker_pids = worker_pids
+        self._numerics = numerics
 
     def look(self, state: WorkerState, worker_group: WorkerGroup) -> Observation:
         """What ``decide`` needs after torch's monitor said ``state``."""
         if state is WorkerState.SUCCEEDED:
-            return Observation(state, signal_save=self._ckpt.take_signal_save())
+            return Observation(state, signal_save=self._ckpt.take_signal_save(),
+                               rollback=self._numerics.take_rollback() is not None)
         if state in (WorkerState.UNHEALTHY, WorkerState.FAILED):
             return Observation(state, lost=self._explain_failure(worker_group))
         membership = self._membership

@@ -66,6 +66,18 @@ class EventKind(enum.StrEnum):
     JOB_FINISHED = "job_finished"
     # The source's agent stopped without a clean end; state (its workers'), stopped_by (None: not by an exception).
     JOB_FAILED = "job_failed"
+    # -- the numbers check (elasticft.worker.numerics), recorded by rank 0's agent --
+    # The workers stopped without saving to re-run a bad iteration from the newest good state; cause (unknown:
+    # first sight, data, hardware), iteration, fault (nan or spike), loss, grad_norm, ranks, nodes, level, attempt.
+    ROLLBACK = "rollback"
+    # The re-run of a bad iteration was good: a fault that passed; iteration, fault, ranks, nodes, attempts,
+    # loss (the bad one), rerun_loss.
+    TRANSIENT_FAULT = "transient_fault"
+    # The re-run gave the same bad numbers: the batch is bad and its step is skipped; iteration, fault, loss,
+    # grad_norm.
+    DATA_SKIPPED = "data_skipped"
+    # A node implicated in --eft-suspect-after numeric faults; node, faults, action (report or exclude).
+    NODE_SUSPECT = "node_suspect"
     # Never in the log: the notifier's last message when it closes; counts ({kind: notifications held back}).
     NOTIFY_SUPPRESSED = "notify_suppressed"
 
@@ -79,7 +91,8 @@ NOTIFIED_KINDS = frozenset({
     EventKind.NODE_LOST, EventKind.NODE_LEFT, EventKind.LAYOUT, EventKind.CKPT_REQUEST, EventKind.CKPT_SAVED,
     EventKind.CKPT_FILTERED, EventKind.WATCHDOG, EventKind.HANG, EventKind.RESTART, EventKind.STRAGGLER,
     EventKind.NODE_EXCLUDED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED, EventKind.MEM_CKPT_FALLBACK,
-    EventKind.MEM_CKPT_PAUSED,
+    EventKind.MEM_CKPT_PAUSED, EventKind.ROLLBACK, EventKind.TRANSIENT_FAULT, EventKind.DATA_SKIPPED,
+    EventKind.NODE_SUSPECT,
 })
 
 # Every event's own fields (time, source), and what the notifier adds (run, suppressed):
@@ -133,6 +146,9 @@ def _spare(event: dict) -> str:
     return f", {len(spare)} spare" if isinstance(spare, list) and spare else ""
 
 
+_ROLLBACK_CAUSES = {"data": " and skip its batch", "hardware": " (bad again, other numbers)"}
+
+
 def _suppressed_counts(event: dict) -> str:
     counts = event.get("counts")
     if not isinstance(counts, dict):
@@ -147,7 +163,7 @@ _LINES: dict[EventKind, Callable[[_Fields], str]] = {
         f"lost node(s) {f.names('nodes')} (reported by {f['source']}); restart{f.part(' {}', 'restarts')} "
         "through a new rendezvous"),
     EventKind.NODE_EXCLUDED: lambda f: (
-        f"node {f['source']} left the job at a restart: straggler rank(s) {f['ranks']}; "
+        f"node {f['source']} left the job at a restart: {f.event.get('reason') or 'straggler'} rank(s) {f['ranks']}; "
         f"{f['remaining_nodes']} node(s) go on"),
     EventKind.LAYOUT: lambda f: (
         f"new layout TP{f['tp']} x PP{f['pp']} x DP{f['dp']} on {f['used']} of {f['world_size']} GPUs"
@@ -184,6 +200,17 @@ _LINES: dict[EventKind, Callable[[_Fields], str]] = {
         f"workers of {f['source']} stopped ({f['why']}) at iteration {f['iteration']} after {f['steps']} step(s)"),
     EventKind.JOB_FINISHED: lambda f: "job finished",
     EventKind.JOB_FAILED: lambda f: f"job failed (workers {f['state']})" + f.part(", stopped by {}", "stopped_by"),
+    EventKind.ROLLBACK: lambda f: (
+        f"iteration {f['iteration']}: {f['fault']} (loss {f['loss']}, rank(s) {f.names('ranks') or '?'}); rolling back "
+        f"to re-run it" + _ROLLBACK_CAUSES.get(f["cause"], "")),
+    EventKind.TRANSIENT_FAULT: lambda f: (
+        f"iteration {f['iteration']} re-ran clean: a transient {f['fault']} fault on rank(s) {f.names('ranks') or '?'}"
+        + (f" ({f.names('nodes')})" if f.event.get("nodes") else "")),
+    EventKind.DATA_SKIPPED: lambda f: (
+        f"iteration {f['iteration']} gave the same {f['fault']} again (loss {f['loss']}): its batch is skipped"),
+    EventKind.NODE_SUSPECT: lambda f: (
+        f"node {f['node']} is suspect: implicated in {f['faults']} numeric faults"
+        + (" and leaves at the next restart" if f.event.get("action") == "exclude" else "")),
     EventKind.NOTIFY_SUPPRESSED: lambda f: _suppressed_counts(f.event),
 }
 

@@ -11,7 +11,16 @@ A comma-separated list of ``KIND:TARGET@ITERATION``:
   dies: its agent and all of its workers are SIGKILLed;
 * ``replica_corrupt:NODE@I`` — at the first start of the workers after iteration I, the
   agent with group rank NODE flips one byte of the newest memory checkpoint replica it
-  holds, before it assembles the restore (memory gone bad at rest).
+  holds, before it assembles the restore (memory gone bad at rest);
+* ``nan:RANK@I`` — the loss rank RANK computes in the step that makes iteration I is NaN,
+  once (a transient fault: the re-run is clean);
+* ``poison:RANK@I`` — the same, every time that step runs (bad data: the re-run gives the
+  same NaN, and the batch is skipped);
+* ``corrupt:RANK@I`` — from iteration I on, every loss rank RANK computes is multiplied by
+  a random factor between 100 and 1000 (a GPU that computes garbage: every re-run differs).
+
+The loss faults act inside the training step (``FaultInjector.loss``), on a rank that
+computes a loss (the last pipeline stage); the others after the iteration.
 
 Workers call ``FaultInjector.after_iteration(i)`` once per iteration; only the target
 acts. Each fault fires once per agent: a marker in the node's run directory remembers
@@ -38,6 +47,12 @@ class FaultKind(enum.StrEnum):
     RANK_HUNG = "rank_hung"
     NODE_LOST = "node_lost"
     REPLICA_CORRUPT = "replica_corrupt"
+    NAN = "nan"
+    POISON = "poison"
+    CORRUPT = "corrupt"
+
+
+LOSS_FAULTS = frozenset({FaultKind.NAN, FaultKind.POISON, FaultKind.CORRUPT})  # act in FaultInjector.loss
 
 
 KINDS = tuple(kind.value for kind in FaultKind)

@@ -8,6 +8,7 @@ sides take every name below from here, so neither spells the other's files:
 * ``outbox/*.json``: rank 0's (and, for the memory tier, local rank 0's) messages to its agent
   (an ``OutboxKind`` each);
 * ``mem-restore.json``, ``mem-paused``: the memory tier's (``elasticft.contract.memory``);
+* ``numerics.json``, ``rollback.json``: the numbers check's (``elasticft.contract.numerics``);
 * ``progress/<local rank>.json``: each rank's heartbeat (``elasticft.contract.progress``);
 * ``inject-*``: markers of injected faults (``elasticft.contract.faults``).
 
@@ -35,6 +36,7 @@ class WorkerEnv(enum.StrEnum):
     START_TIME = "EFT_START_TIME"  # the job's start (the first agent's clock), for exit-duration
     INJECT = "EFT_INJECT"  # faults to inject (``--eft-inject``)
     MEM_DIR = "EFT_MEM_CKPT_WRITE_DIR"  # where this generation's memory snapshots go (``contract.memory``)
+    NODE_ID = "EFT_NODE_ID"  # the agent's node id (``--eft-node-id``): numeric faults implicate nodes by it
 
 
 class OutboxKind(enum.StrEnum):
@@ -44,6 +46,7 @@ class OutboxKind(enum.StrEnum):
     FILTERED = "filtered"  # the gap rule skipped a risk request: request_id, iteration, why
     MEM_SAVED = "mem_saved"  # local rank 0: every rank finished the memory snapshot of iteration; path
     RESTORED = "restored"  # local rank 0: the workers resumed; iteration (None: from scratch), source, path
+    NUMERICS = "numerics"  # a verdict of the numbers check: event (an EventKind), and its fields
 
 
 def write_atomically(path: str | os.PathLike, text: str, *, durable: bool = False) -> None:

@@ -91,6 +91,7 @@ class RiskModel:
         # (node, gpu) -> the straggler factor of the rank on that GPU; a GPU whose rank
         # was never scored has no entry, so the factor is "no data" and adds nothing.
         self.stragglers: dict[tuple[str, int], float] = {}
+        self.suspects: dict[str, str] = {}  # node -> why its GPUs are critical (numeric faults)
 
     @property
     def threshold(self) -> float:
@@ -106,6 +107,11 @@ class RiskModel:
             self.stragglers.pop((node, gpu), None)
         else:
             self.stragglers[(node, gpu)] = min(1.0, max(0.0, float(factor)))
+
+    def set_suspect(self, node: str, why: str) -> None:
+        """Every GPU of ``node`` is critical from now on (risk 1.0): it computed bad numbers
+        (``node_suspect``). One dict assignment, read whole by the sampler thread."""
+        self.suspects = {**self.suspects, node: why}
 
     def update(self, samples: list[GpuSample]) -> list[RiskScore]:
         """Score ``samples``; one RiskScore per sample, in the same order.
@@ -143,7 +149,7 @@ class RiskModel:
             if s.temperature_c is not None and peer_t is not None:
                 history.offsets.append(s.temperature_c - peer_t)
             factors = factor_rules.compute(s, history, signals[s.key], peers, self.config, self.stragglers.get(s.key))
-            scores.append(self._combine(s, factors, critical[s.key]))
+            scores.append(self._combine(s, factors, critical[s.key] or self.suspects.get(s.node)))
         return scores
 
     def _combine(self, s: GpuSample, factors: dict, critical: str | None) -> RiskScore:

@@ -6,21 +6,18 @@ few milliseconds before another's, a preemption signal reaches one process, only
 watches the switch files. So each rank turns what it saw into a few integers and one
 ``all_reduce(MAX)`` per iteration makes them the job's decision.
 
-Requests are identified in the vote by a 63-bit hash of their id, so that a rank that
-sees a request only after the job already saved (or dropped) it does not act on it again.
+The vote itself (slots, ``Action``, request hashes) is ``vote.py``; the numbers check
+that rides in it is ``numerics.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import faulthandler
-import hashlib
 import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
-from typing import Protocol, Sequence
 
 import psutil
 import torch
@@ -28,90 +25,37 @@ import torch.distributed as dist
 
 from elasticft.config import (
     CheckpointConfig,
+    NumericsConfig,
     ConfigError,
     HangConfig,
     convert,
     from_env,
 )
-from elasticft.contract.argv import flag_value
-from elasticft.contract.records import CheckpointRequest, RequestReason
+from elasticft.contract.records import CheckpointRequest
 from elasticft.contract.run_dir import OutboxKind, WorkerEnv
 from elasticft.worker.gap import gap_filter
+from elasticft.worker.numerics import NumericsGuard
 from elasticft.worker.progress import ProgressWriter
 from elasticft.worker.relay import Outbox, RequestFile
 from elasticft.worker.signals import ExitSignals
+from elasticft.worker.vote import (  # noqa: F401 - Action and friends are the hook's API too
+    CODE,
+    EXIT,
+    FILTERED,
+    HONOURED,
+    NO_ACTION,
+    REASON,
+    ROLLBACK,
+    SAVE,
+    SAVE_REASONS,
+    Action,
+    Ballot,
+    request_hash,
+    save_interval_from_argv,
+    vote_device,
+)
 
 log = logging.getLogger(__name__)
-
-# Why a save happens, as the ranks vote on it: a request's reason (RequestReason) or a
-# cause the workers see themselves (a switch file, a signal, the exit duration). The index
-# is the code in the vote, and the MAX keeps the later in this order: weakest first, the
-# reasons that always end the job last. "request" stands for a request reason this
-# version does not know.
-SAVE_REASONS = ("request", RequestReason.RISK.value, RequestReason.WATCHDOG.value, RequestReason.MANUAL.value,
-                "save_switch", RequestReason.SIGNAL.value, "exit_duration", "kill_switch")
-CODE = {reason: code for code, reason in enumerate(SAVE_REASONS)}
-SAVE, EXIT, REASON, HONOURED, FILTERED = range(5)  # slots of the vote
-
-
-@dataclass(frozen=True)
-class Action:
-    """What the loop must do at this iteration; the same ``save`` and ``exit`` on every rank.
-
-    ``reason`` names the strongest reason any rank had; ``request_id`` is the id of the
-    request that caused the save on the ranks that read it (rank 0 also when its agent
-    has relayed it by the time of the vote), else None, as for saves no request asked for.
-    """
-
-    save: bool = False
-    exit: bool = False
-    reason: str | None = None
-    request_id: str | None = None
-
-
-NO_ACTION = Action()
-
-
-class Ballot(Protocol):
-    """Something else the ranks must agree on every iteration (``Hook.add_ballot``)."""
-
-    width: int  # how many int64s it adds to the vote
-
-    def mine(self, iteration: int) -> list[int]:
-        """This rank's ``width`` values (non-negative; the job's is their MAX)."""
-
-    def settle(self, agreed: list[int]) -> None:
-        """The job's values, the same on every rank."""
-
-
-def save_interval_from_argv(argv: Sequence[str]) -> int | None:
-    """The value of Megatron's ``--save-interval`` in ``argv``, or None."""
-    raw = flag_value(argv, "--save-interval")
-    try:
-        return int(raw) if raw is not None else None
-    except ValueError:
-        return None  # the training script's own parser reports it
-
-
-def request_hash(request_id: str) -> int:
-    """A positive int64 that names a request in the vote (0 means "none")."""
-    digest = hashlib.blake2b(request_id.encode(), digest_size=8).digest()
-    return (int.from_bytes(digest, "big") >> 1) or 1
-
-
-def vote_device(group) -> torch.device:
-    """Where the vote's tensor must live for the group's backend.
-
-    A CPU tensor when the group has gloo (also "cpu:gloo,cuda:nccl"): no GPU sync.
-    """
-    backend = str(dist.get_backend(group))
-    if "gloo" in backend or backend == "mpi":
-        return torch.device("cpu")
-    if "nccl" in backend:
-        return torch.device("cuda", torch.cuda.current_device())
-    accelerator = torch.accelerator.current_accelerator()
-    return accelerator if accelerator is not None else torch.device("cpu")
-
 
 class Hook:
     """Call ``step(iteration)`` on every rank every iteration, ``saved(...)`` after each save.
@@ -136,6 +80,7 @@ class Hook:
         self.last_saved_iteration = last_saved_iteration
         self.run_dir = os.environ.get(WorkerEnv.RUN_DIR, "")
         self._latest = NO_ACTION
+        self.numerics: NumericsGuard | None = None  # the numbers check (off when inert or --eft-numerics-check false)
         if self.inert:
             return
         self.config = from_env(CheckpointConfig)
@@ -155,6 +100,8 @@ class Hook:
         self._remove_save_switch = False
         self._auto_checkpointing = False
         self._ballots: list[Ballot] = []  # others that vote in the same all_reduce (the memory tier)
+        self.numerics = NumericsGuard(self.run_dir, group, self._outbox) if from_env(NumericsConfig).numerics_check \
+            else None  # a collective: every rank makes its Hook
         self.progress = ProgressWriter(self.run_dir, dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")),
                                        dump_signal=self._register_stack_dump(),
                                        started=psutil.Process().create_time())
@@ -190,12 +137,25 @@ class Hook:
 
     # -- every iteration -------------------------------------------------------------
 
-    def step(self, iteration: int) -> Action:
-        """This iteration's decision, agreed by all ranks (a collective: call it on every rank)."""
+    def skips(self, iteration: int) -> bool:
+        """True when the training step that makes ``iteration`` must not run: the job found
+        its batch bad (``data_skipped``). Consume the batch (or skip it by index) and call
+        ``step(iteration)`` as usual, with no loss."""
+        return self.numerics is not None and self.numerics.skips(iteration)
+
+    def step(self, iteration: int, loss: float | None = None, grad_norm: float | None = None) -> Action:
+        """This iteration's decision, agreed by all ranks (a collective: call it on every rank).
+
+        ``iteration`` counts the steps done; ``loss`` is this rank's loss of the step that
+        made it (None on ranks that have none, e.g. not the last pipeline stage), and
+        ``grad_norm`` the step's gradient norm if known: with them, NaN and spikes roll back.
+        """
         if self.inert:
             return NO_ACTION
         self.progress.step(iteration)
         vote = [0, 0, 0, 0, 0]
+        if self.numerics is not None:
+            vote += self.numerics.mine(iteration, loss, grad_norm)
         request = self._new_request()
         if request is not None:
             self._want_request(vote, request, iteration)
@@ -209,6 +169,11 @@ class Hook:
             vote += ballot.mine(iteration)
         agreed = self._vote(vote)
         offset = FILTERED + 1
+        if self.numerics is not None:
+            offset += self.numerics.width
+            if self.numerics.settle(iteration, agreed[FILTERED + 1:offset]):
+                self._latest = ROLLBACK  # the state is bad: no save of any kind now
+                return ROLLBACK
         for ballot in self._ballots:
             ballot.settle(agreed[offset:offset + ballot.width])
             offset += ballot.width

@@ -1,17 +1,19 @@
 """The worker side of ``--eft-inject``: the targeted rank breaks itself on cue.
 
 See ``elasticft.contract.faults`` for the spec. Workers call
-``FaultInjector.after_iteration(i)`` once per iteration; only the target acts.
+``FaultInjector.after_iteration(i)`` once per iteration, and pass each loss they compute
+through ``FaultInjector.loss(i, loss)``; only the target acts.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import time
 from pathlib import Path
 
-from elasticft.contract.faults import Fault, FaultKind, parse_faults
+from elasticft.contract.faults import LOSS_FAULTS, Fault, FaultKind, parse_faults
 from elasticft.contract.run_dir import (
     DEGRADE_MARKER,
     FIRED_PREFIX,
@@ -51,13 +53,29 @@ class FaultInjector:
         if self._run_dir is None:
             return
         for fault in self._faults:
-            if fault.iteration != iteration:
+            if fault.iteration == iteration and fault.kind not in LOSS_FAULTS and self._first_time(fault):
+                getattr(self, "_" + fault.kind.value)()
+
+    def loss(self, iteration: int, loss):
+        """``loss`` (a tensor) as the step that makes ``iteration`` computes it on this rank."""
+        if self._run_dir is None:
+            return loss
+        for fault in self._faults:
+            if fault.kind is FaultKind.CORRUPT and iteration >= fault.iteration:
+                loss = loss * random.uniform(100.0, 1000.0)
+            elif fault.iteration != iteration:
                 continue
-            marker = self._run_dir / f"{FIRED_PREFIX}{fault.name}"
-            if marker.exists():
-                continue
-            marker.touch()
-            getattr(self, "_" + fault.kind.value)()
+            elif fault.kind is FaultKind.POISON or (fault.kind is FaultKind.NAN and self._first_time(fault)):
+                loss = loss * float("nan")
+        return loss
+
+    def _first_time(self, fault: Fault) -> bool:
+        """True once per node: a marker remembers that ``fault`` fired."""
+        marker = self._run_dir / f"{FIRED_PREFIX}{fault.name}"
+        if marker.exists():
+            return False
+        marker.touch()
+        return True
 
     def _gpu_degrade(self) -> None:
         write_atomically(self._run_dir / DEGRADE_MARKER, str(self._local_rank))

@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # siblings, also
 
 from gpt_args import layout_problems, parse_args  # noqa: E402
 from gpt_data import micro_batches  # noqa: E402
+from resume import resume  # noqa: E402
 from run_log import Log, layout_text, log_async_save  # noqa: E402
 
 CHECKPOINT_VERSION = 3.0
@@ -62,6 +63,8 @@ class Trainer:
         self._import_megatron()
         self._init_distributed()
         self._build()
+        self.injector = None  # main() sets it: --eft-inject faults that act inside the step
+        self.iteration = 0
 
     def _import_megatron(self):
         # After cpu_mode.enable(): some megatron modules bind torch.cuda functions at import.
@@ -198,16 +201,21 @@ class Trainer:
         output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
         return output, partial(self._loss, batch["loss_mask"])
 
-    @staticmethod
-    def _loss(loss_mask, output):
+    def _loss(self, loss_mask, output):
         losses = output.float().view(-1)
         mask = loss_mask.view(-1).float()
         loss = torch.sum(losses * mask) / mask.sum()
+        if self.injector is not None:  # --eft-inject nan/poison/corrupt: this rank computes bad numbers
+            loss = self.injector.loss(self.iteration + 1, loss)
         # The schedule divides the returned loss in place: report a copy.
         return loss, {"lm loss": loss.detach().clone()}
 
     def train_step(self, iteration: int):
+        """One step on batch ``iteration``: (the job's mean loss on rank 0, else None; this
+        rank's own mean loss if it computes one, else None; the gradient norm; whether the
+        optimizer stepped)."""
         args = self.args
+        self.iteration = iteration
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         num_micro = args.global_batch_size // (args.micro_batch_size * self.dp)
@@ -226,12 +234,13 @@ class Trainer:
         # The mean over the global batch: each last-stage rank of TP rank 0 sends the sum
         # of its micro batches' mean losses; every micro batch has the same token count.
         total = torch.zeros(2, dtype=torch.float64, device=self._device())
+        own = sum(float(r["lm loss"]) for r in reduced) / len(reduced) if self.last_stage and reduced else None
         if self.last_stage and parallel_state.get_tensor_model_parallel_rank() == 0:
             total[0] = sum(float(r["lm loss"]) for r in reduced)
             total[1] = len(reduced)
         dist.reduce(total, dst=0)
         loss = (total[0] / total[1]).item() if self.rank == 0 else None
-        return loss, (float(grad_norm) if grad_norm is not None else None), ok
+        return loss, own, (float(grad_norm) if grad_norm is not None else None), ok
 
     def _device(self):
         return torch.device("cuda", torch.cuda.current_device()) if self.cuda else torch.device("cpu")
@@ -294,10 +303,10 @@ def main(argv=None) -> int:
     group = dist.new_group(backend="gloo") if trainer.cuda else None
     hook = Hook(save_interval=args.save_interval, group=group)
     memory = MemoryCheckpoints(hook)  # --eft-mem-ckpt-interval under eft-run; inert otherwise
-    iteration, source = resume(trainer, memory, args, log, layout)
+    iteration, source = resume(trainer, memory, args, log, layout, KEEP_CHECKPOINTS)
     saves = AsyncSaves(hook, checkpoints) if checkpoints is not None else None  # periodic saves, off the loop
     hook.last_saved_iteration = iteration
-    injector = FaultInjector.from_env()  # --eft-inject: demo and test faults, off otherwise
+    injector = trainer.injector = FaultInjector.from_env()  # --eft-inject: demo and test faults, off otherwise
     log.record(event="start", iteration=iteration, train_iters=args.train_iters, source=source, **layout)
     log.say(f"training {layout_text(layout)} from iteration {iteration} to {args.train_iters}"
             f"{' (CPU mode, fp32)' if not trainer.cuda else ', bf16' if args.bf16 else ''}")
@@ -306,16 +315,28 @@ def main(argv=None) -> int:
     in_memory = memory.last_complete
     while iteration < args.train_iters:
         started = time.time()
-        loss, grad_norm, ok = trainer.train_step(iteration)
+        if hook.skips(iteration + 1):  # its batch gave the same bad numbers twice (data_skipped)
+            loss = own_loss = grad_norm = None
+            ok = False
+            log.say(f"iteration {iteration + 1}: skipping its batch (bad data)")
+        else:
+            loss, own_loss, grad_norm, ok = trainer.train_step(iteration)
         iteration += 1
         seconds = time.time() - started
-        log.record(event="iteration", iteration=iteration, loss=loss, grad_norm=grad_norm,
+        log.record(event="iteration", iteration=iteration, loss=loss, own_loss=own_loss, grad_norm=grad_norm,
                    lr=trainer.scheduler.get_lr(trainer.optimizer.param_groups[0]),
                    skipped=not ok, seconds=seconds, **layout)
-        if rank == 0 and (iteration % args.log_interval == 0 or iteration == args.train_iters):
+        if rank == 0 and loss is not None and (iteration % args.log_interval == 0 or iteration == args.train_iters):
             log.say(f"iteration {iteration:6d}/{args.train_iters} | loss {loss:.6f} | "
                     f"{seconds * 1000:.0f} ms")
-        action = hook.step(iteration)
+        action = hook.step(iteration, loss=own_loss, grad_norm=grad_norm)
+        if action.rollback:  # bad numbers: this state must not be saved; the agent restarts us
+            memory.flush()  # the snapshot in flight holds an older, good state
+            if saves is not None and (done := saves.flush()) is not None:
+                log_async_save(log, done, saves, checkpoints, layout)
+            log.record(event="rollback", iteration=iteration, loss=loss, own_loss=own_loss, **layout)
+            log.say(f"iteration {iteration}: bad numbers (loss {loss}); stopping to re-run it from the last good state")
+            break
         if saves is not None and (done := saves.step()) is not None:
             log_async_save(log, done, saves, checkpoints, layout)
         periodic = args.save_interval is not None and iteration % args.save_interval == 0
@@ -364,27 +385,6 @@ def main(argv=None) -> int:
     dist.barrier()
     dist.destroy_process_group()
     return 0
-
-
-def resume(trainer, memory, args, log, layout) -> tuple[int, str]:
-    """The iteration to go on from and where its state came from (memory, disk or none)."""
-    from elasticft.worker import CheckpointDir
-
-    started = time.time()
-    disk = CheckpointDir(args.load, keep=KEEP_CHECKPOINTS) if args.load else None
-    restored = memory.restore(trainer.load, disk)
-    if restored.iteration is None:
-        if disk is not None and disk.complete_iterations():
-            # Starting over would overwrite the run's history; a person must look.
-            raise SystemExit(f"none of the complete checkpoints in {args.load} loads (see the warnings)")
-        log.say("no checkpoint to load: starting from iteration 0")
-        return 0, "none"
-    seconds = time.time() - started
-    log.record(event="load", iteration=restored.iteration, seconds=seconds, path=restored.path,
-               source=restored.source, saved_layout=restored.result, **layout)
-    log.say(f"loaded iteration {restored.iteration} from {restored.source} ({restored.path}) in {seconds:.2f} s "
-            f"(saved at {layout_text(restored.result)}, now {layout_text(layout)})")
-    return restored.iteration, restored.source
 
 
 # Mandatory: megatron-core's torch_dist save starts a spawn-method multiprocessing Manager

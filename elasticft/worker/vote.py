@@ -1,0 +1,94 @@
+"""The hook's vote: what each rank puts in the one all_reduce(MAX) per iteration, and
+what the job decided (``Action``).
+
+Requests are identified in the vote by a 63-bit hash of their id, so that a rank that
+sees a request only after the job already saved (or dropped) it does not act on it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+import torch.distributed as dist
+
+from elasticft.contract.argv import flag_value
+from elasticft.contract.records import RequestReason
+
+# Why a save happens, as the ranks vote on it: a request's reason (RequestReason) or a
+# cause the workers see themselves (a switch file, a signal, the exit duration). The index
+# is the code in the vote, and the MAX keeps the later in this order: weakest first, the
+# reasons that always end the job last. "request" stands for a request reason this
+# version does not know.
+SAVE_REASONS = ("request", RequestReason.RISK.value, RequestReason.WATCHDOG.value, RequestReason.MANUAL.value,
+                "save_switch", RequestReason.SIGNAL.value, "exit_duration", "kill_switch")
+CODE = {reason: code for code, reason in enumerate(SAVE_REASONS)}
+SAVE, EXIT, REASON, HONOURED, FILTERED = range(5)  # slots of the vote
+
+
+@dataclass(frozen=True)
+class Action:
+    """What the loop must do at this iteration; the same ``save`` and ``exit`` on every rank.
+
+    ``reason`` names the strongest reason any rank had; ``request_id`` is the id of the
+    request that caused the save on the ranks that read it (rank 0 also when its agent
+    has relayed it by the time of the vote), else None, as for saves no request asked for.
+
+    ``rollback``: this iteration's numbers are bad (``numerics.py``): stop now *without*
+    saving (``exit`` is set, ``save`` is not), finish the saves already in flight (they
+    hold older, good states) and leave the process with exit code 0; the agent restarts
+    the workers from the newest good state to re-run the iteration.
+    """
+
+    save: bool = False
+    exit: bool = False
+    reason: str | None = None
+    request_id: str | None = None
+    rollback: bool = False
+
+
+NO_ACTION = Action()
+ROLLBACK = Action(exit=True, reason="rollback", rollback=True)
+
+
+class Ballot(Protocol):
+    """Something else the ranks must agree on every iteration (``Hook.add_ballot``)."""
+
+    width: int  # how many int64s it adds to the vote
+
+    def mine(self, iteration: int) -> list[int]:
+        """This rank's ``width`` values (non-negative; the job's is their MAX)."""
+
+    def settle(self, agreed: list[int]) -> None:
+        """The job's values, the same on every rank."""
+
+
+def save_interval_from_argv(argv: Sequence[str]) -> int | None:
+    """The value of Megatron's ``--save-interval`` in ``argv``, or None."""
+    raw = flag_value(argv, "--save-interval")
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None  # the training script's own parser reports it
+
+
+def request_hash(request_id: str) -> int:
+    """A positive int64 that names a request in the vote (0 means "none")."""
+    digest = hashlib.blake2b(request_id.encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") >> 1) or 1
+
+
+def vote_device(group) -> torch.device:
+    """Where the vote's tensor must live for the group's backend.
+
+    A CPU tensor when the group has gloo (also "cpu:gloo,cuda:nccl"): no GPU sync.
+    """
+    backend = str(dist.get_backend(group))
+    if "gloo" in backend or backend == "mpi":
+        return torch.device("cpu")
+    if "nccl" in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    accelerator = torch.accelerator.current_accelerator()
+    return accelerator if accelerator is not None else torch.device("cpu")
