@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord
-from elasticft.rendezvous.backend import EtcdRendezvousBackend
+from elasticft.rendezvous.blob import EtcdRendezvousBackend
 from elasticft.rendezvous.membership import Membership, NodeLease
 from elasticft.store import EmbeddedEtcd, StoreOptions, StoreUnavailable, connect
 from elasticft.store.c10d_store import EtcdStore

@@ -204,10 +204,8 @@ class FTElasticAgent(LocalElasticAgent):
         ctx = self._ctx
         if ctx is not None:
             self._leave_if_excluded(worker_group)
+            # (eft's handler builds each round's store address anew: no cached address of a lost rank 0)
             ctx.membership.take_losses()
-            # torch caches the first round's store address; if that node is the one we
-            # lost, the survivors' workers would dial a dead store.
-            torch_seam.forget_bootstrap_store(worker_group.spec.rdzv_handler)
         super()._rendezvous(worker_group)
         world = worker_group.workers[0].world_size if worker_group.workers else 0
         if ctx is not None:

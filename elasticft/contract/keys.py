@@ -104,8 +104,39 @@ class RunKeys:
 
     @property
     def rdzv_state(self) -> str:
-        """The pickled state of torch's dynamic rendezvous (opaque bytes)."""
+        """The pickled state of torch's dynamic rendezvous: the old blob backend's only key.
+
+        Today's backend never writes it; finding it means an agent of the old backend
+        shares this run, which the new one refuses in one line.
+        """
         return self.root + "rdzv/state"
+
+    @property
+    def rdzv_control(self) -> str:
+        """Prefix of the few keys every waiting node watches: round pointer, decisions, closed."""
+        return self.root + "rdzv/ctl/"
+
+    @property
+    def rdzv_round(self) -> str:
+        """The round nodes join now (JSON ``{"round": r}``); bumped once per round."""
+        return self.rdzv_control + "round"
+
+    @property
+    def rdzv_closed(self) -> str:
+        """Present once the rendezvous is closed (the job is over): no round forms again."""
+        return self.rdzv_control + "closed"
+
+    def rdzv_decision(self, round_: int) -> str:
+        """Round ``round_``'s closing decision, created once by the node that closes it:
+        JSON ``{"revision": R, "size": n}``: its participants are the keys present at R."""
+        return f"{self.rdzv_control}decision/{round_}"
+
+    def rdzv_participants(self, round_: int) -> str:
+        """Prefix of round ``round_``'s participants, one key per node under that node's lease."""
+        return f"{self.root}rdzv/{round_}/p/"
+
+    def rdzv_participant(self, round_: int, node: str) -> str:
+        return self.rdzv_participants(round_) + node
 
     @property
     def c10d(self) -> str:

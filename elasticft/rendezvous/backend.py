@@ -1,19 +1,12 @@
-"""The ``etcd-v3`` rendezvous: torch's dynamic rendezvous on an etcd v3 backend.
+"""The ``etcd-v3`` rendezvous: what --rdzv-endpoint/--rdzv-conf say, and the handler built from them.
 
 torch's own ``etcd``/``etcd-v2`` backends speak the v2 API that etcd 3.6 removed.
-This module keeps torch's ``DynamicRendezvousHandler`` (its state machine, its
-heartbeats, its TCPStore sharing) and supplies the two pieces it asks for:
-
-* ``EtcdRendezvousBackend``: the rendezvous state as one etcd key, written with a
-  compare-and-swap on the key's mod_revision (the token torch passes back);
-* ``EtcdStore`` (in ``elasticft.store.c10d_store``): the c10d Store handed to agents.
-
-One thing is added. torch notices a dead node only when its heartbeat is older than
-``keep_alive_interval * keep_alive_max_attempt`` (15 s by default). eft agents also
-hold a lease per node; when a lease vanishes without a clean exit, the backend ages
-that node's heartbeat in the state it returns (``torch_seam.aged_rendezvous_state``),
-so torch's own sanitizer drops it at the next sync. Nodes with no lease record
-(plain torchrun) keep torch's behaviour.
+``create_handler`` builds eft's ``EtcdRendezvousHandler`` (``handler.py``): membership
+as one etcd key per node under its lease, a small closing decision per round, ranks
+from a count (``rounds.py``): O(N) bytes per round where torch's pickled state, which
+eft used before (``blob.py``, kept for the bench and the mixed-version check), costs
+O(N^2) and a compare-and-swap storm. The c10d Store handed to agents is ``EtcdStore``
+(``elasticft.store.c10d_store``).
 
 Registered as ``etcd-v3`` through the ``torchrun.handlers`` entry point
 (``elasticft.rendezvous.plugin``), so
@@ -30,20 +23,13 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousHandler,
     RendezvousParameters,
 )
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
-    RendezvousBackend,
-    Token,
-)
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
-    create_handler as create_dynamic_handler,
-)
 
 from elasticft.config import MIN_LEASE_TTL
-from elasticft.contract.keys import BACKEND_NAME, RunKeys
-from elasticft.rendezvous.membership import Membership
+from elasticft.contract.keys import RunKeys
+from elasticft.rendezvous.handler import EtcdRendezvousHandler, node_name
+from elasticft.rendezvous.rounds import RoundLimits, Rounds
 from elasticft.store import EtcdClient, StoreOptions, StoreUnavailable, connect
 from elasticft.store.c10d_store import EtcdStore
-from elasticft.torch_seam import aged_rendezvous_state, stop_heartbeats
 
 # Faster than torch's 30 s: a survivor set that meets --nnodes' minimum should
 # resume training at once; late joiners are admitted at the next round anyway.
@@ -79,7 +65,7 @@ class EtcdRendezvousOptions:
     ETCD_KEYS = ("key_prefix", "cacert", "cert", "key", "user", "password", "lease_ttl", "etcd_timeout")
 
     @classmethod
-    def from_params(cls, params: RendezvousParameters) -> "EtcdRendezvousOptions":
+    def from_params(cls, params: RendezvousParameters) -> EtcdRendezvousOptions:
         config = params.config
         unknown = sorted(set(config) - set(cls.ETCD_KEYS) - set(TORCH_OPTIONS))
         if unknown:
@@ -132,38 +118,6 @@ class EtcdRendezvousOptions:
         )
 
 
-class EtcdRendezvousBackend(RendezvousBackend):
-    """Rendezvous state in one etcd key, compare-and-swapped on its mod_revision."""
-
-    def __init__(self, client: EtcdClient, keys: RunKeys, membership: Membership | None = None):
-        self._client = client
-        self._key = keys.rdzv_state
-        self._membership = membership
-
-    @property
-    def name(self) -> str:
-        return BACKEND_NAME
-
-    def get_state(self) -> tuple[bytes, Token] | None:
-        found = self._client.get(self._key)
-        if found is None:
-            return None
-        return self._age_lost_nodes(found.value), found.mod_revision
-
-    def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool] | None:
-        expected = token if isinstance(token, int) else None
-        swapped, current = self._client.compare_and_swap(self._key, expected, state)
-        if current is None:
-            return None
-        return self._age_lost_nodes(current.value), current.mod_revision, swapped
-
-    def _age_lost_nodes(self, state_bits: bytes) -> bytes:
-        """Make nodes whose lease vanished look long silent to torch's sanitizer."""
-        if self._membership is None:
-            return state_bits
-        return aged_rendezvous_state(state_bits, self._membership.lost_rdzv_identities())
-
-
 def _connect_until(options: EtcdRendezvousOptions) -> EtcdClient:
     """Connect, retrying until the join timeout: etcd may start after the agents."""
     deadline = time.monotonic() + options.join_timeout
@@ -181,42 +135,53 @@ def _connect_until(options: EtcdRendezvousOptions) -> EtcdClient:
             delay = min(delay * 2, 2.0)
 
 
-# Watches opened for handlers in this process; torch never tells a backend it is
-# done, so the launcher closes them before it stops an embedded etcd.
-_open_memberships: list[Membership] = []
+# Handlers made in this process; torch never tells a handler it is done, so the
+# launcher stops their watches before it stops an embedded etcd.
+_open_rounds: list[Rounds] = []
 
 
 def close_watches() -> None:
-    while _open_memberships:
-        _open_memberships.pop().close()
+    while _open_rounds:
+        _open_rounds.pop().stop_watching()
 
 
-def create_handler(params: RendezvousParameters) -> RendezvousHandler:
-    """Build torch's DynamicRendezvousHandler on etcd v3 (the registry's creator)."""
+# The lease of a handler's participant keys when --rdzv-conf names none: eft's --eft-lease-ttl default.
+DEFAULT_LEASE_TTL = 3.0
+
+
+def rendezvous_limits(params: RendezvousParameters, options: EtcdRendezvousOptions) -> RoundLimits:
+    last_call = params.config.get("last_call_timeout")
+    return RoundLimits(
+        min_nodes=params.min_nodes,
+        max_nodes=params.max_nodes,
+        last_call=float(last_call) if last_call is not None else DEFAULT_LAST_CALL_TIMEOUT,
+        join_timeout=options.join_timeout,
+    )
+
+
+def create_handler(params: RendezvousParameters, client: EtcdClient | None = None) -> RendezvousHandler:
+    """Build eft's keys-based handler (the registry's creator); ``client`` shares a connection (bench)."""
     options = EtcdRendezvousOptions.from_params(params)
-    client = _connect_until(options)
+    client = client or _connect_until(options)
     keys = RunKeys(params.run_id, options.key_prefix)
-    membership = Membership(client, keys)
-    _open_memberships.append(membership)
-    backend = EtcdRendezvousBackend(client, keys, membership)
+    rounds = Rounds(client, keys, node_name(params.local_addr), rendezvous_limits(params, options),
+                    lease_ttl=options.lease_ttl or DEFAULT_LEASE_TTL)
+    _open_rounds.append(rounds)
     store = EtcdStore(client, keys.c10d, timeout=timedelta(seconds=options.store_timeout))
-    if params.config.get("last_call_timeout") is None:
-        params.config["last_call_timeout"] = DEFAULT_LAST_CALL_TIMEOUT
-    return create_dynamic_handler(store, backend, params)
+    return EtcdRendezvousHandler(rounds, store, params.run_id, params.local_addr)
 
 
 def leave_without_closing(handler: RendezvousHandler) -> None:
     """Stop taking part in the rendezvous without closing it for the nodes that stay.
 
     torch's ``launch_agent`` calls ``handler.shutdown()`` whenever the agent returns,
-    and the dynamic handler's shutdown *closes* the rendezvous: right when the job is
-    over, fatal to the others when one node leaves a running job (their next round
-    would fail as closed). So this handler's shutdown becomes "stop the heartbeats";
-    the node's revoked lease makes the others' backends drop it from the round at once.
+    and a handler's shutdown *closes* the rendezvous: right when the job is over, fatal
+    to the others when one node leaves a running job. The node's keys vanish with its
+    lease, so the others re-rendezvous without it at once.
     """
-    stop_heartbeats(handler)
+    if isinstance(handler, EtcdRendezvousHandler):
+        handler.leave_without_closing()
+    else:
+        from elasticft.rendezvous.blob import leave_without_closing as leave_blob
 
-    def shutdown() -> bool:
-        return True
-
-    handler.shutdown = shutdown
+        leave_blob(handler)

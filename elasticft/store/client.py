@@ -63,6 +63,7 @@ class KeyValue:
     value: bytes
     mod_revision: int
     lease: int
+    create_revision: int = 0
 
 
 @dataclass(frozen=True)
@@ -189,8 +190,17 @@ class EtcdClient:
         """All keys under ``prefix`` and the store revision they were read at."""
 
         response = self._call(lambda c: c.get_prefix_response(prefix))
-        items = [KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease) for kv in response.kvs]
+        items = [KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease, kv.create_revision)
+                 for kv in response.kvs]
         return items, response.header.revision
+
+    def count_range(self, start: str, end: str, revision: int | None = None) -> tuple[int, int]:
+        """How many keys lie in [start, end) (at ``revision``, else now), and the revision read at.
+
+        Only a count travels: N nodes can each learn their rank from one tiny answer.
+        """
+        response = self._call(lambda c: c.get_range_response(start, end, count_only=True, revision=revision))
+        return response.count, response.header.revision
 
     def count_prefix(self, prefix: str) -> int:
         """How many keys lie under ``prefix`` (etcd counts them; no values travel)."""

@@ -1,0 +1,95 @@
+"""Rendezvous at scale: N simulated agents per design against one real etcd, one table.
+
+For each N and design (``keys``: eft's handler; ``blob``: the pickled-state backend
+eft used before; ``c10d``: torch's own on a TCPStore), time for N agents to form one
+round, what the round sent to etcd (bytes, requests, revisions, database growth, etcd
+CPU), compare-and-swaps lost, and the same per idle minute afterwards. The old designs
+are capped (``--cap``, default 60 s): past it the row says "no round within 60 s".
+
+  python bench/rdzv_scale.py [--sizes 8,16,64] [--designs keys,blob,c10d]
+  python bench/rdzv_scale.py --sizes 256,1024,2048 --designs keys
+  python bench/rdzv_scale.py --real 2,8,32      # real agents with workers vs torchrun c10d
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from common import table
+from rdzv_sim import simulate_round
+
+from elasticft.store import EmbeddedEtcd
+
+HEADERS = ["design", "N", "round s", "KiB sent", "requests", "revisions", "db KiB", "etcd cpu s",
+           "CAS lost", "idle KiB/min", "idle req/min", "idle revs/min"]
+
+
+def row(r) -> list:
+    if r.seconds is None:
+        return [r.design, r.agents, r.error[:40]] + [""] * (len(HEADERS) - 3)
+    etcd = r.design != "c10d"
+    rc, idle = r.round, r.idle_per_minute
+
+    def v(x):
+        return x if etcd else "-"
+
+    return [r.design, r.agents, r.seconds, v(rc.received_bytes / 1024), v(int(rc.requests)), v(rc.revision),
+            v(rc.db_bytes / 1024), v(rc.cpu_seconds), v(r.cas_losses), v(idle.received_bytes / 1024),
+            v(int(idle.requests)), v(idle.revision)]
+
+
+def simulated(sizes: list[int], designs: list[str], cap: float, idle: float) -> None:
+    rows = []
+    with EmbeddedEtcd() as etcd:
+        for n in sizes:
+            for design in designs:
+                result = simulate_round(design, n, etcd.endpoint, cap=cap, idle=idle)
+                rows.append(row(result))
+                print("  ".join(str(c) if not isinstance(c, float) else f"{c:.2f}" for c in rows[-1]), flush=True)
+    print()
+    print(f"one round of N simulated agents (threads, no workers), one etcd; idle over {idle:g} s, per minute")
+    print("CAS lost counts every compare-and-swap that lost, the agents' c10d store included")
+    print(table(HEADERS, rows))
+
+
+def real(sizes: list[int]) -> None:
+    """Real agents with workers, launched at once: eft-run etcd-v3 vs torchrun c10d, same run."""
+    from launch import eft_run, torchrun
+    from rendezvous import launch
+
+    from elasticft.store import free_port
+
+    rows = []
+    with EmbeddedEtcd() as etcd, tempfile.TemporaryDirectory(prefix="eft-bench-") as tmp:
+        for n in sizes:
+            work = Path(tmp) / f"c10d-{n}"
+            work.mkdir()
+            c10d = launch(n, torchrun(), "c10d", f"127.0.0.1:{free_port()}", work)
+            work = Path(tmp) / f"eft-{n}"
+            work.mkdir()
+            eft = launch(n, eft_run(), "etcd-v3", etcd.endpoint, work)
+            rows.append([n, c10d, eft, eft / c10d])
+            print(f"N={n}: torchrun c10d {c10d:.2f} s, eft-run etcd-v3 {eft:.2f} s", flush=True)
+    print()
+    print("real agents, launch -> all workers started, seconds")
+    print(table(["agents", "torchrun c10d", "eft-run etcd-v3", "eft/torchrun"], rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="8,16,64")
+    parser.add_argument("--designs", default="keys,blob,c10d")
+    parser.add_argument("--cap", type=float, default=60.0, help="seconds a round may take before it counts as none")
+    parser.add_argument("--idle", type=float, default=10.0, help="seconds of idle traffic measured after the round")
+    parser.add_argument("--real", default="", help="agent counts for real runs with workers (e.g. 2,8,32)")
+    args = parser.parse_args()
+    if args.real:
+        real([int(s) for s in args.real.split(",")])
+        return
+    simulated([int(s) for s in args.sizes.split(",")], args.designs.split(","), args.cap, args.idle)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""N simulated rendezvous agents (threads of this process, no workers) against one etcd.
+
+Each agent is a real rendezvous handler, built as torchrun builds it, calling
+``next_rendezvous()``; the round counts as formed when every one has returned with a
+distinct rank in a world of N. etcd's own /metrics say what the round cost it.
+
+Designs: ``keys`` (eft's handler), ``blob`` (the pickled-state backend eft used
+before), ``c10d`` (torch's own, on a TCPStore: nothing reaches etcd).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+
+from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
+
+from elasticft.rendezvous.backend import create_handler
+from elasticft.rendezvous.blob import create_blob_handler
+from elasticft.store import StoreOptions, connect, free_port
+
+# agents share gRPC connections in pools of this size: thousands of channels in one
+# process would measure Python, not the rendezvous
+AGENTS_PER_CONNECTION = 32
+
+
+@dataclass
+class EtcdCounters:
+    """etcd's cumulative counters, read from its /metrics page."""
+
+    received_bytes: float = 0.0
+    requests: float = 0.0
+    cpu_seconds: float = 0.0
+    db_bytes: float = 0.0
+    revision: int = 0
+
+    def minus(self, before: "EtcdCounters") -> "EtcdCounters":
+        return EtcdCounters(*(getattr(self, f) - getattr(before, f) for f in
+                              ("received_bytes", "requests", "cpu_seconds", "db_bytes", "revision")))
+
+
+def read_counters(endpoint: str, client) -> EtcdCounters:
+    text = urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10).read().decode()
+
+    def total(name: str, where: str = "") -> float:
+        pattern = re.compile(rf"^{name}(\{{[^}}]*\}})? ([0-9.e+-]+)$", re.M)
+        return sum(float(v) for labels, v in pattern.findall(text) if where in labels)
+
+    return EtcdCounters(
+        received_bytes=total("etcd_network_client_grpc_received_bytes_total"),
+        # unary calls and streamed messages (keep-alives, watch creates) alike
+        requests=total("grpc_server_msg_received_total"),
+        cpu_seconds=total("process_cpu_seconds_total"),
+        db_bytes=total("etcd_mvcc_db_total_size_in_bytes"),
+        revision=client.revision(),
+    )
+
+
+@dataclass
+class RoundResult:
+    design: str
+    agents: int
+    seconds: float | None  # None: no round within the cap
+    round: EtcdCounters = field(default_factory=EtcdCounters)
+    idle_per_minute: EtcdCounters = field(default_factory=EtcdCounters)
+    cas_losses: int | None = None
+    error: str = ""
+
+
+class _CountingCas:
+    """Counts compare-and-swaps that lost (a shared connection wraps its client's method)."""
+
+    def __init__(self, client):
+        self.losses = 0
+        self._cas = client.compare_and_swap
+        client.compare_and_swap = self
+
+    def __call__(self, *args, **kwargs):
+        swapped, current = self._cas(*args, **kwargs)
+        if not swapped:
+            self.losses += 1
+        return swapped, current
+
+
+def _params(design: str, n: int, run_id: str, endpoint: str, cap: float, lease_ttl: float) -> RendezvousParameters:
+    config = {"join_timeout": str(int(cap)), "last_call_timeout": "1"}
+    if design != "c10d":
+        config["lease_ttl"] = str(lease_ttl)
+    return RendezvousParameters(backend="etcd-v3" if design != "c10d" else "c10d", endpoint=endpoint,
+                                run_id=run_id, min_nodes=n, max_nodes=n, local_addr="127.0.0.1", **config)
+
+
+def simulate_round(design: str, n: int, etcd_endpoint: str, cap: float = 60.0, idle: float = 10.0,
+                   lease_ttl: float = 3.0) -> RoundResult:
+    """Form one round of ``n`` agents of ``design``; measure it and ``idle`` seconds after it."""
+    run_id = uuid.uuid4().hex
+    probe = connect(StoreOptions(etcd_endpoint))
+    pools = [connect(StoreOptions(etcd_endpoint)) for _ in range(-(-n // AGENTS_PER_CONNECTION))]
+    counters = [_CountingCas(c) for c in pools]
+    c10d_endpoint = f"127.0.0.1:{free_port()}"
+    handlers = []
+    for i in range(n):
+        if design == "c10d":
+            params = _params(design, n, run_id, c10d_endpoint, cap, lease_ttl)
+            handlers.append(rendezvous_handler_registry.create_handler(params))
+        else:
+            make = create_handler if design == "keys" else create_blob_handler
+            handlers.append(make(_params(design, n, run_id, etcd_endpoint, cap, lease_ttl),
+                                 client=pools[i // AGENTS_PER_CONNECTION]))
+    infos: list = [None] * n
+    errors: list[str] = []
+    start = threading.Barrier(n + 1)
+
+    def agent(i: int) -> None:
+        start.wait()
+        try:
+            infos[i] = handlers[i].next_rendezvous()
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=agent, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    before = read_counters(etcd_endpoint, probe)
+    start.wait()
+    began = time.monotonic()
+    for t in threads:
+        t.join(timeout=max(0.0, began + cap - time.monotonic()))
+    took = time.monotonic() - began
+    result = RoundResult(design, n, None)
+    formed = all(info is not None for info in infos)
+    result.round = read_counters(etcd_endpoint, probe).minus(before)
+    if design != "c10d":
+        result.cas_losses = sum(c.losses for c in counters) + sum(
+            getattr(getattr(h, "rounds", None), "cas_losses", 0) for h in handlers)
+    if formed:
+        ranks = sorted(info.rank for info in infos)
+        if ranks != list(range(n)) or {info.world_size for info in infos} != {n}:
+            result.error = f"bad ranks: {ranks[:8]}... sizes {sorted({i.world_size for i in infos})}"
+        else:
+            result.seconds = took
+            idle_before = read_counters(etcd_endpoint, probe)
+            time.sleep(idle)  # the measurement window itself, not a wait for an event
+            result.idle_per_minute = _scaled(read_counters(etcd_endpoint, probe).minus(idle_before), 60.0 / idle)
+    else:
+        result.error = errors[0] if errors else f"no round within {cap:g} s"
+    _stop(design, handlers, threads)
+    for client in pools + [probe]:
+        client.close()
+    return result
+
+
+def _scaled(c: EtcdCounters, k: float) -> EtcdCounters:
+    return EtcdCounters(c.received_bytes * k, c.requests * k, c.cpu_seconds * k, c.db_bytes * k, int(c.revision * k))
+
+
+def _stop(design: str, handlers: list, threads: list[threading.Thread]) -> None:
+    """Close the rendezvous (waiters give up) and let every agent go."""
+    try:
+        handlers[0].set_closed()
+    except Exception:  # noqa: BLE001 - a storm may still be raging; the join timeout ends it
+        pass
+    for t in threads:
+        t.join(timeout=5)
+    for h in handlers:
+        try:
+            if design == "keys":
+                h.rounds.leave()
+            elif design == "blob":
+                h.eft_membership.close()
+                h.shutdown()
+            else:
+                h.shutdown()
+        except Exception:  # noqa: BLE001 - best effort
+            pass

@@ -1,0 +1,116 @@
+"""``EtcdRendezvousHandler``: torch's ``RendezvousHandler`` interface on etcd keys.
+
+The rounds themselves (membership as keys, one small closing decision, ranks from a
+count) are ``rounds.Rounds``; this class is what torch's agent talks to, with the
+semantics of torch's ``DynamicRendezvousHandler``: ``next_rendezvous`` returns this
+round's rank, world size, a store prefixed by the round and the workers' bootstrap
+store (hosted by the rank-0 agent unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``);
+``num_nodes_waiting``, ``is_closed``, ``set_closed``, ``shutdown`` (closes) as torch's.
+
+Unlike torch's handler it rebuilds the bootstrap store address at every round, so a
+survivor never sends its workers to the store of a rank 0 that was lost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+from datetime import timedelta
+
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous import (
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousStoreInfo,
+)
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    RendezvousSettings,
+    RendezvousTimeout,
+)
+
+from elasticft.contract.keys import BACKEND_NAME
+from elasticft.rendezvous.rounds import Round, Rounds
+
+_handlers_in_process = itertools.count()
+
+
+def node_name(local_addr: str | None) -> str:
+    """This handler's participant name: ``<addr>_<pid>_<n>``, torch's node descriptor shape."""
+    return f"{local_addr or socket.getfqdn()}_{os.getpid()}_{next(_handlers_in_process)}"
+
+
+class EtcdRendezvousHandler(RendezvousHandler):
+    def __init__(self, rounds: Rounds, store: dist.Store, run_id: str, local_addr: str | None):
+        self._rounds = rounds
+        self._store = store
+        self._addr = local_addr or socket.getfqdn()
+        limits = rounds.limits
+        self._settings = RendezvousSettings(
+            run_id=run_id,
+            min_nodes=limits.min_nodes,
+            max_nodes=limits.max_nodes,
+            timeout=RendezvousTimeout(join=timedelta(seconds=limits.join_timeout),
+                                      last_call=timedelta(seconds=limits.last_call)),
+            # liveness is the lease: these only describe it to code that reads them
+            keep_alive_interval=timedelta(seconds=1),
+            keep_alive_max_attempt=1,
+        )
+        self._tcp_store_server: dist.TCPStore | None = None
+        self.round: Round | None = None
+
+    @property
+    def settings(self) -> RendezvousSettings:
+        return self._settings
+
+    @property
+    def rounds(self) -> Rounds:
+        return self._rounds
+
+    def get_backend(self) -> str:
+        return BACKEND_NAME
+
+    def get_run_id(self) -> str:
+        return self._settings.run_id
+
+    @property
+    def use_agent_store(self) -> bool:
+        return os.getenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1"
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        self.round = formed = self._rounds.join()
+        store = dist.PrefixStore(f"torch.rendezvous.{self._settings.run_id}.{formed.number}", self._store)
+        server_port = None
+        if self.use_agent_store:
+            server_port = 0
+            if formed.rank == 0:
+                if self._tcp_store_server is None:
+                    self._tcp_store_server = dist.TCPStore(host_name=self._addr, port=0, is_master=True,
+                                                           multi_tenant=True)
+                server_port = self._tcp_store_server.port
+        bootstrap = RendezvousStoreInfo.build(formed.rank, store, local_addr=self._addr, server_port=server_port)
+        return RendezvousInfo(store, formed.rank, formed.size, bootstrap)
+
+    def is_closed(self) -> bool:
+        return self._rounds.is_closed()
+
+    def set_closed(self) -> None:
+        self._rounds.set_closed()
+
+    def num_nodes_waiting(self) -> int:
+        return self._rounds.waiting()
+
+    def shutdown(self) -> bool:
+        """torch's meaning: this job is over for everyone; close, then leave."""
+        self._rounds.set_closed()
+        self._rounds.leave()
+        return True
+
+    def leave_without_closing(self) -> None:
+        """This node leaves a job that goes on: its keys vanish, the others re-rendezvous."""
+        self._rounds.leave()
+
+        def shutdown() -> bool:
+            return True
+
+        self.shutdown = shutdown
