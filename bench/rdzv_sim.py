@@ -17,7 +17,10 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 
-from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
+from torch.distributed.elastic.rendezvous import (
+    RendezvousParameters,
+    rendezvous_handler_registry,
+)
 
 from elasticft.rendezvous.backend import create_handler
 from elasticft.rendezvous.blob import create_blob_handler
@@ -38,7 +41,7 @@ class EtcdCounters:
     db_bytes: float = 0.0
     revision: int = 0
 
-    def minus(self, before: "EtcdCounters") -> "EtcdCounters":
+    def minus(self, before: EtcdCounters) -> EtcdCounters:
         return EtcdCounters(*(getattr(self, f) - getattr(before, f) for f in
                               ("received_bytes", "requests", "cpu_seconds", "db_bytes", "revision")))
 
@@ -47,7 +50,7 @@ def read_counters(endpoint: str, client) -> EtcdCounters:
     text = urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10).read().decode()
 
     def total(name: str, where: str = "") -> float:
-        pattern = re.compile(rf"^{name}(\{{[^}}]*\}})? ([0-9.e+-]+)$", re.M)
+        pattern = re.compile(rf"^{name}(\{{[^}}]*\}})? ([0-9.e+-]+)$", re.MULTILINE)
         return sum(float(v) for labels, v in pattern.findall(text) if where in labels)
 
     return EtcdCounters(
