@@ -30,6 +30,7 @@ from elasticft.rendezvous.handler import EtcdRendezvousHandler, node_name
 from elasticft.rendezvous.rounds import RoundLimits, Rounds
 from elasticft.store import EtcdClient, StoreOptions, StoreUnavailable, connect
 from elasticft.store.c10d_store import EtcdStore
+from elasticft.torch_seam import stop_heartbeats
 
 # Faster than torch's 30 s: a survivor set that meets --nnodes' minimum should
 # resume training at once; late joiners are admitted at the next round anyway.
@@ -181,7 +182,11 @@ def leave_without_closing(handler: RendezvousHandler) -> None:
     """
     if isinstance(handler, EtcdRendezvousHandler):
         handler.leave_without_closing()
-    else:
-        from elasticft.rendezvous.blob import leave_without_closing as leave_blob
+        return
+    # torch's own handler (the old blob backend, in the bench and tests): stop its heartbeats only
+    stop_heartbeats(handler)
 
-        leave_blob(handler)
+    def shutdown() -> bool:
+        return True
+
+    handler.shutdown = shutdown

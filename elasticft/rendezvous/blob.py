@@ -34,7 +34,7 @@ from elasticft.rendezvous.backend import (
 from elasticft.rendezvous.membership import Membership
 from elasticft.store import EtcdClient
 from elasticft.store.c10d_store import EtcdStore
-from elasticft.torch_seam import aged_rendezvous_state, stop_heartbeats
+from elasticft.torch_seam import aged_rendezvous_state
 
 
 class EtcdRendezvousBackend(RendezvousBackend):
@@ -82,14 +82,3 @@ def create_blob_handler(params: RendezvousParameters, client: EtcdClient | None 
     handler = create_dynamic_handler(store, backend, params)
     handler.eft_membership = membership  # closed by whoever made the handler
     return handler
-
-
-def leave_without_closing(handler: RendezvousHandler) -> None:
-    """The blob handler's shutdown closes the rendezvous; a node leaving a running job
-    must only stop its heartbeats."""
-    stop_heartbeats(handler)
-
-    def shutdown() -> bool:
-        return True
-
-    handler.shutdown = shutdown
