@@ -18,6 +18,7 @@ from elasticft.config import (
     MemoryConfig,
     NotifyConfig,
     PlannerConfig,
+    RestartConfig,
     RiskConfig,
     StragglerConfig,
     WatchdogConfig,
@@ -45,6 +46,7 @@ class Settings:
     notify: NotifyConfig = _concern(NotifyConfig, "eft notifications")
     straggler: StragglerConfig = _concern(StragglerConfig, "eft straggler detection")
     memory: MemoryConfig = _concern(MemoryConfig, "eft memory checkpoints (host memory, replicated to peers)")
+    restarts: RestartConfig = _concern(RestartConfig, "eft job-wide restart limits (counted in etcd)")
 
     @classmethod
     def add_arguments(cls, parser) -> None:

@@ -22,6 +22,7 @@ WIRE = {
     "JOB_FAILED": "job_failed", "NOTIFY_SUPPRESSED": "notify_suppressed", "CKPT_RESTORED": "ckpt_restored",
     "MEM_CKPT_FALLBACK": "mem_ckpt_fallback", "MEM_CKPT_PAUSED": "mem_ckpt_paused",
     "WORKERS_STOPPED": "workers_stopped",
+    "NO_PROGRESS": "no_progress", "RESTART_BUDGET_EXHAUSTED": "restart_budget_exhausted",
 }
 
 # One event of each kind with the fields its writer records (values as the writers make them).
@@ -57,6 +58,8 @@ SAMPLES = {
                                   "then": "iteration 41 from memory"},
     EventKind.MEM_CKPT_PAUSED: {"paused": True, "used_bytes": 10, "budget_bytes": 8,
                                 "why": "10 B in use, budget 8 B"},
+    EventKind.NO_PROGRESS: {"cycles": 3, "limit": 3, "reached": 8, "checkpoint": 5},
+    EventKind.RESTART_BUDGET_EXHAUSTED: {"restarts": 3, "limit": 2},
 }
 
 
@@ -95,6 +98,11 @@ def test_lines_say_what_happened():
     assert lines[EventKind.CKPT_SAVED] == "checkpoint saved: iteration 20 in 3.2 s → /ckpt/iter_0000020"
     assert lines[EventKind.WATCHDOG] == "watchdog cpu_memory tripped on host: 97% used"
     assert lines[EventKind.NOTIFY_SUPPRESSED] == "rate limit held back 2 watchdog"
+    assert lines[EventKind.NO_PROGRESS] == ("job ended: 3 restart cycle(s) in a row without progress (limit 3); "
+                                            "workers reached iteration 8; newest checkpoint 5")
+    assert describe(event(EventKind.NO_PROGRESS, cycles=3, limit=3, reached=None, checkpoint=None)) == (
+        "job ended: 3 restart cycle(s) in a row without progress (limit 3); no checkpoint")
+    assert lines[EventKind.RESTART_BUDGET_EXHAUSTED] == "job ended: 3 restart(s) job-wide, more than the 2 allowed"
 
 
 def test_unknown_kinds_list_their_fields():
@@ -126,6 +134,7 @@ def test_the_notified_set_is_what_the_notifier_sends(tmp_path):
         EventKind.CKPT_FILTERED, EventKind.WATCHDOG, EventKind.HANG, EventKind.RESTART, EventKind.STRAGGLER,
         EventKind.NODE_EXCLUDED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED, EventKind.MEM_CKPT_FALLBACK,
         EventKind.MEM_CKPT_PAUSED,
+        EventKind.NO_PROGRESS, EventKind.RESTART_BUDGET_EXHAUSTED,
     }
     out = tmp_path / "sent.jsonl"
     notifier = Notifier([Sink("file", str(out))], rate_limit=0)

@@ -66,6 +66,13 @@ class EventKind(enum.StrEnum):
     JOB_FINISHED = "job_finished"
     # The source's agent stopped without a clean end; state (its workers'), stopped_by (None: not by an exception).
     JOB_FAILED = "job_failed"
+    # The restart rule ended the job (elasticft.agent.restart_budget): restart cycles in a row without
+    # progress; cycles, limit, reached (the highest iteration the workers reached), checkpoint (the newest
+    # complete one; None: none). eft-run exits with ExitCode.NO_PROGRESS on every node.
+    NO_PROGRESS = "no_progress"
+    # The restart rule ended the job: more charged restarts (worker failures, hangs) job-wide than allowed;
+    # restarts, limit. eft-run fails as torchrun does when --max-restarts runs out.
+    RESTART_BUDGET_EXHAUSTED = "restart_budget_exhausted"
     # Never in the log: the notifier's last message when it closes; counts ({kind: notifications held back}).
     NOTIFY_SUPPRESSED = "notify_suppressed"
 
@@ -80,6 +87,7 @@ NOTIFIED_KINDS = frozenset({
     EventKind.CKPT_FILTERED, EventKind.WATCHDOG, EventKind.HANG, EventKind.RESTART, EventKind.STRAGGLER,
     EventKind.NODE_EXCLUDED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED, EventKind.MEM_CKPT_FALLBACK,
     EventKind.MEM_CKPT_PAUSED,
+    EventKind.NO_PROGRESS, EventKind.RESTART_BUDGET_EXHAUSTED,
 })
 
 # Every event's own fields (time, source), and what the notifier adds (run, suppressed):
@@ -184,6 +192,12 @@ _LINES: dict[EventKind, Callable[[_Fields], str]] = {
         f"workers of {f['source']} stopped ({f['why']}) at iteration {f['iteration']} after {f['steps']} step(s)"),
     EventKind.JOB_FINISHED: lambda f: "job finished",
     EventKind.JOB_FAILED: lambda f: f"job failed (workers {f['state']})" + f.part(", stopped by {}", "stopped_by"),
+    EventKind.NO_PROGRESS: lambda f: (
+        f"job ended: {f['cycles']} restart cycle(s) in a row without progress (limit {f['limit']})"
+        + f.part("; workers reached iteration {}", "reached")
+        + (f"; newest checkpoint {f['checkpoint']}" if f.event.get("checkpoint") is not None else "; no checkpoint")),
+    EventKind.RESTART_BUDGET_EXHAUSTED: lambda f: (
+        f"job ended: {f['restarts']} restart(s) job-wide, more than the {f['limit']} allowed"),
     EventKind.NOTIFY_SUPPRESSED: lambda f: _suppressed_counts(f.event),
 }
 

@@ -1,7 +1,8 @@
 """The worker side of ``--eft-inject``: the targeted rank breaks itself on cue.
 
 See ``elasticft.contract.faults`` for the spec. Workers call
-``FaultInjector.after_iteration(i)`` once per iteration; only the target acts.
+``FaultInjector.after_iteration(i)`` once per iteration; only the target acts, once
+per agent (a repeating fault, ``@I*``, every time iteration I is reached).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class FaultInjector:
             if fault.iteration != iteration:
                 continue
             marker = self._run_dir / f"{FIRED_PREFIX}{fault.name}"
-            if marker.exists():
+            if marker.exists() and not fault.repeat:
                 continue
             marker.touch()
             getattr(self, "_" + fault.kind.value)()
