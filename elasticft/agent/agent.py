@@ -303,6 +303,7 @@ class FTElasticAgent(LocalElasticAgent):
             super()._restart_workers(worker_group)
         finally:
             self._pending = REPORT
+            self._failed = None  # a new generation: its own failures are the ones to report
 
     def _shutdown(self, death_sig=None, timeout: int = 30) -> None:
         """Stop the workers when the agent ends; after an exit signal, give them the grace
