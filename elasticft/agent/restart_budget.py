@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -156,7 +155,7 @@ class RestartBudget:
     def __init__(self, ctx: AgentContext, config: RestartConfig, max_restarts: int):
         self._ctx = ctx
         self.limits = Limits(config.job_restarts(max_restarts), config.max_no_progress_restarts)
-        self._me = f"{ctx.node.record.host}:{os.getpid()}"
+        self._me = f"{ctx.node.record.host}:{ctx.node.record.pid}"  # as the membership names it
         self._round: int | None = None
 
     def start(self) -> "RestartBudget":
