@@ -175,39 +175,59 @@ def test_agents_of_one_round_count_it_once_and_all_end_with_no_progress(agent_co
     budgets = [RestartBudget(ctx, RestartConfig(max_no_progress_restarts=2), max_restarts=100).start()
                for ctx in agents]
     etcd.put(run_keys.ckpt_latest, json.dumps({"iteration": 5, "path": "/ckpt/iter_0000005"}))
-    stopped = []
-    for round_ in range(3):
-        for ctx, budget in zip(agents, budgets):
-            beat(ctx.run_dir, 8)
+    for ctx in agents:
+        beat(ctx.run_dir, 8)  # every generation dies at iteration 8
+    ended, stopped = [], []
+
+    def report(budget, reason):
+        try:
+            budget.before_restart(reason, lambda: stopped.append(budget))
+        except NoProgress as exc:
+            ended.append(exc)
+
+    for round_ in range(2):  # both agents leave the round at once: one charged, one for the other's rendezvous
+        for budget in budgets:
             budget.joined(round_)
-        ended = []
-
-        def report(budget, reason):
-            try:
-                budget.before_restart(reason, lambda: stopped.append(round_))
-            except NoProgress as exc:
-                ended.append(exc)
-
-        # Both agents leave the round at once, one charged, one for the other's rendezvous.
         threads = [threading.Thread(target=report, args=(b, r)) for b, r in zip(budgets, (FAILED, MEMBERSHIP))]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        if round_ < 2:
-            assert not ended
+        assert not ended and not stopped
+    # The third: the agent whose worker crashed charges it, the other reports it after.
+    for budget in budgets:
+        budget.joined(2)
+    report(budgets[0], FAILED)
+    report(budgets[1], MEMBERSHIP)
     record = RestartRecord.from_json(etcd.get(run_keys.restarts).value)
     assert (record.charged, record.no_progress, record.ended) == (3, 2, Ending.NO_PROGRESS)
-    assert len(ended) == 2 and stopped == [2, 2]  # every agent stops its workers and ends
+    assert len(ended) == 2 and stopped == budgets  # every agent stops its workers and ends
     assert ended[0].exit_code == ExitCode.NO_PROGRESS == 3
     assert str(ended[0]) == ("no progress in 2 restart cycles in a row (--eft-max-no-progress-restarts 2): "
                              "the workers reached iteration 8, the newest checkpoint is iteration 5; "
                              "ending the job with exit code 3 (do not requeue)")
     events = [e for e in EventLog(etcd, run_keys, "test").read() if e["kind"] == EventKind.NO_PROGRESS]
     assert [(e["cycles"], e["limit"], e["reached"], e["checkpoint"]) for e in events] == [(2, 2, 8, 5)]
-    # An agent whose rendezvous failed while its peers ended the job ends the same way.
+
+
+def test_an_agent_that_left_for_the_next_round_first_ends_when_its_rendezvous_fails(agent_context, etcd, run_keys):
+    """It restarted for a membership change before the verdict: it learns of it after its
+    rendezvous fails (its peers never come) and exits the same way."""
+    contexts = [agent_context(f"n{i}") for i in range(2)]
+    early, late = (RestartBudget(ctx, RestartConfig(max_no_progress_restarts=1), max_restarts=100).start()
+                   for ctx in contexts)
+    for ctx in contexts:
+        beat(ctx.run_dir, 8)  # no further than the round before
+    etcd.put(run_keys.restarts, RestartRecord(round=0, round_judged=True, no_progress=0,
+                                              mark=ProgressMark(None, 8)).to_json())
+    for budget in (early, late):
+        budget.joined(1)
+    early.raise_ending()  # nothing ended yet: its rendezvous error stays what it was
+    early.before_restart(MEMBERSHIP, lambda: None)  # restarts: this cycle is not its to judge
     with pytest.raises(NoProgress):
-        budgets[0].raise_ending()
+        late.before_restart(FAILED, lambda: None)
+    with pytest.raises(NoProgress):
+        early.raise_ending()
 
 
 def test_the_budget_is_job_wide_and_ends_every_agent_as_failed(agent_context, etcd, run_keys):
