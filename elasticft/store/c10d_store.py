@@ -29,8 +29,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable
 from urllib.parse import quote
 
 from torch.distributed import DistStoreError, QueueEmptyError, Store
