@@ -27,6 +27,8 @@ TestMultiThreadedWait                       test_wait_wakes_when_the_key_is_set,
                                             test_another_process_sees_sets_and_wakes_waiters
 PrefixStoreTest.test_get_underlying_store   test_prefix_store_hands_back_the_store_it_wraps
 PythonStoreTest.test_set_get                test_torchs_cpp_check_through_the_trampoline
+(beyond torch's file: how torch uses a      test_gloo_connects_its_ranks_through_the_store,
+store)                                      test_barrier_..., test_list_keys
 ==========================================  ===================================================
 
 What does not apply to a key-value store on etcd, and why:
@@ -61,6 +63,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from tests.store_subjects import (
@@ -242,6 +245,19 @@ def test_barrier_releases_when_all_have_arrived(subject):
     for member in members:
         member.result()
     timed(RuntimeError, lambda: subject.store.barrier("alone", 2, timedelta(seconds=0.2)), match="imeout")
+
+
+def test_gloo_connects_its_ranks_through_the_store(subject):
+    # How torch itself uses a store: each rank of a process group publishes its address and reads the others'.
+    def rank(number: int, store: dist.Store) -> float:
+        group = dist.ProcessGroupGloo(dist.PrefixStore("pg", store), number, 2, timedelta(seconds=20))
+        tensor = torch.tensor([number + 1.0])
+        group.allreduce([tensor]).wait()
+        return tensor.item()
+
+    twins = [subject.store.clone(), subject.store.clone()]  # one per thread, as TCPStore needs
+    ranks = [InThread(lambda number=number: rank(number, twins[number])) for number in range(2)]
+    assert [r.result(30) for r in ranks] == [3.0, 3.0]
 
 
 # PrefixStore rewrites keys the same way whatever it wraps: behind it, only our store's process case is new.

@@ -11,6 +11,7 @@ PrefixStore our store's queues are a strict xfail (see ``store_subjects.TORCH_GA
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -21,22 +22,17 @@ from tests.store_subjects import (
     SUBJECTS,
     TIMEOUT,
     InThread,
-    Subject,
     make_subject,
     timed,
 )
 
 
 @pytest.fixture(params=SUBJECTS)
-def subject(request, tmp_path) -> Subject:
-    return make_subject(request.param, request, tmp_path)
-
-
-@pytest.fixture
-def queues(subject, request):
-    """``subject``'s store, for a case on queues."""
+def queues(request, tmp_path) -> Iterator[dist.Store]:
+    """One of the stores, for a case on queues."""
+    subject = make_subject(request.param, request, tmp_path)
     subject.needs("queues", request)
-    return subject.store
+    yield subject.store  # a generator, so that subject.inner (and our store's overrides) lives as long as the case
 
 
 def test_queue_is_fifo(queues):

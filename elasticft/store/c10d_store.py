@@ -47,7 +47,12 @@ def _as_bytes(value) -> bytes:
 
 
 class EtcdStore(Store):
-    """c10d Store whose keys live under ``prefix`` in etcd."""
+    """c10d Store whose keys live under ``prefix`` in etcd.
+
+    Hold the store in Python for as long as torch uses it (in a PrefixStore, say): pybind
+    forgets a Python store's methods once its Python object is collected, and torch's calls
+    then fail with "Tried to call pure virtual function".
+    """
 
     def __init__(self, client: EtcdClient, prefix: str, timeout: timedelta = timedelta(seconds=600),
                  _clones: list | None = None):
