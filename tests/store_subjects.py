@@ -112,10 +112,21 @@ def timed(expected: type[Exception], fn, match: str | None = None):
 class InThread(threading.Thread):
     """``fn()`` in a thread; ``result()`` joins it and returns what it returned or raises what it raised."""
 
+    started: list["InThread"] = []  # every one, so a fixture can outwait them before closing the store
+
     def __init__(self, fn):
         super().__init__(daemon=True)
         self._fn, self._value, self._error = fn, None, None
+        InThread.started.append(self)
         self.start()
+
+    @classmethod
+    def outwait_all(cls, timeout: float = 15.0) -> None:
+        """Join every thread a case left behind (a case that failed before its thread's
+        answer came): closing the store under a thread inside gRPC crashes the process."""
+        for thread in cls.started:
+            thread.join(timeout)
+        cls.started = [t for t in cls.started if t.is_alive()]
 
     def run(self) -> None:
         try:

@@ -54,6 +54,8 @@ What does not apply to a key-value store on etcd, and why:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import gc
 import os
 import re
@@ -84,8 +86,9 @@ TORCH_TIMEOUT_TEXT = "[t -i]imeout"
 
 
 @pytest.fixture(params=SUBJECTS)
-def subject(request, tmp_path) -> Subject:
-    return make_subject(request.param, request, tmp_path)
+def subject(request, tmp_path) -> Iterator[Subject]:
+    yield make_subject(request.param, request, tmp_path)
+    InThread.outwait_all()  # a case that failed early leaves a waiter: the store must outlive it
 
 
 def test_set_get_check_and_num_keys(subject):

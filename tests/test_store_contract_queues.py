@@ -33,6 +33,7 @@ def queues(request, tmp_path) -> Iterator[dist.Store]:
     subject = make_subject(request.param, request, tmp_path)
     subject.needs("queues", request)
     yield subject.store  # a generator, so that subject.inner (and our store's overrides) lives as long as the case
+    InThread.outwait_all()  # an xfail case (PrefixStore) leaves a waiter: the store must outlive it
 
 
 def test_queue_is_fifo(queues):
