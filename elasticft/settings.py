@@ -19,6 +19,7 @@ from elasticft.config import (
     NotifyConfig,
     NumericsConfig,
     PlannerConfig,
+    RestartConfig,
     RiskConfig,
     StragglerConfig,
     WatchdogConfig,
@@ -47,6 +48,7 @@ class Settings:
     straggler: StragglerConfig = _concern(StragglerConfig, "eft straggler detection")
     memory: MemoryConfig = _concern(MemoryConfig, "eft memory checkpoints (host memory, replicated to peers)")
     numerics: NumericsConfig = _concern(NumericsConfig, "eft numbers check (NaN and loss spikes roll back)")
+    restarts: RestartConfig = _concern(RestartConfig, "eft job-wide restart limits (counted in etcd)")
 
     @classmethod
     def add_arguments(cls, parser) -> None:

@@ -177,6 +177,17 @@ def forget_bootstrap_store(handler: DynamicRendezvousHandler) -> None:
     _replace_attribute(handler, "_bootstrap_store_info", None)
 
 
+def rendezvous_round(handler: DynamicRendezvousHandler) -> int:
+    """The round of the rendezvous this node joined last (read right after it joined).
+
+    Every node of a round reads the same number, and the round moves on only once they
+    have all left it, so it names one restart cycle job-wide: the job-wide restart
+    count (``elasticft.agent.restart_budget``) counts each cycle once by it. torch logs
+    it but offers no public way to read it.
+    """
+    return int(_attribute(_attribute(_attribute(handler, "_state_holder"), "state"), "round"))
+
+
 def stop_heartbeats(handler: DynamicRendezvousHandler) -> None:
     """Stop the handler's keep-alive timer without closing the rendezvous.
 

@@ -8,7 +8,9 @@ variable behaves identically. The launch itself is torchrun's too
 * starts an embedded etcd for ``--standalone`` (or etcd-v3 without an endpoint),
 * checks the etcd options up front so that mistakes cost one line, not a traceback,
 * has torch's ``launch_agent`` build ``FTElasticAgent`` instead of ``LocalElasticAgent``,
-* exports ``EFT_RUN_ID`` and ``EFT_ENDPOINT`` to the workers.
+* exports ``EFT_RUN_ID`` and ``EFT_ENDPOINT`` to the workers,
+* exits with ``elasticft.contract.exit_codes.ExitCode``: torchrun's statuses, plus
+  ``NO_PROGRESS`` when restart cycles made no progress (a one-line reason, no traceback).
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from torch.distributed.run import run as torchrun_run
 
 from elasticft.agent.agent import FTElasticAgent
 from elasticft.agent.context import EtcdTarget
+from elasticft.agent.restart_budget import NoProgress
 from elasticft.config import ConfigError
+from elasticft.contract.exit_codes import ExitCode
 from elasticft.contract.faults import parse_faults
 from elasticft.contract.keys import RunKeys
 from elasticft.planner.layout import NoLegalLayout
@@ -158,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         parser = build_parser()
     except ConfigError as exc:  # a malformed EFT_* variable
         print(f"eft-run: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(int(ExitCode.USAGE))
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_args(args)
@@ -171,6 +175,9 @@ def main(argv: list[str] | None = None) -> None:
         run(args, settings)
     except ChildFailedError:
         raise
+    except NoProgress as exc:  # "do not requeue", distinct from a failure (README: No endless loops)
+        print(f"eft-run: {exc}", file=sys.stderr)
+        sys.exit(int(exc.exit_code))
     except SignalException as exc:
         print(f"eft-run: stopped by {signal.Signals(exc.sigval).name}", file=sys.stderr)
         sys.exit(128 + int(exc.sigval))
@@ -180,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     except (UsageError, *USER_ERRORS) as exc:
         # Some of torch's rendezvous errors carry no message: name them at least.
         print(f"eft-run: error: {str(exc) or _describe(exc)}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(int(ExitCode.USAGE))
 
 
 def _describe(exc: BaseException) -> str:

@@ -24,6 +24,7 @@ WIRE = {
     "WORKERS_STOPPED": "workers_stopped",
     "ROLLBACK": "rollback", "TRANSIENT_FAULT": "transient_fault", "DATA_SKIPPED": "data_skipped",
     "NODE_SUSPECT": "node_suspect",
+    "NO_PROGRESS": "no_progress", "RESTART_BUDGET_EXHAUSTED": "restart_budget_exhausted",
 }
 
 # One event of each kind with the fields its writer records (values as the writers make them).
@@ -65,6 +66,8 @@ SAMPLES = {
                                 "loss": "nan", "rerun_loss": 4.8},
     EventKind.DATA_SKIPPED: {"iteration": 7, "fault": "nan", "loss": "nan", "grad_norm": "nan"},
     EventKind.NODE_SUSPECT: {"node": "n1", "faults": 2, "action": "exclude"},
+    EventKind.NO_PROGRESS: {"cycles": 3, "limit": 3, "reached": 8, "checkpoint": 5},
+    EventKind.RESTART_BUDGET_EXHAUSTED: {"restarts": 3, "limit": 2},
 }
 
 
@@ -107,6 +110,11 @@ def test_lines_say_what_happened():
     assert lines[EventKind.TRANSIENT_FAULT] == "iteration 6 re-ran clean: a transient nan fault on rank(s) 1 (n1)"
     assert lines[EventKind.NODE_SUSPECT] == ("node n1 is suspect: implicated in 2 numeric faults and leaves at the "
                                              "next restart")
+    assert lines[EventKind.NO_PROGRESS] == ("job ended: 3 restart cycle(s) in a row without progress (limit 3); "
+                                            "workers reached iteration 8; newest checkpoint 5")
+    assert describe(event(EventKind.NO_PROGRESS, cycles=3, limit=3, reached=None, checkpoint=None)) == (
+        "job ended: 3 restart cycle(s) in a row without progress (limit 3); no checkpoint")
+    assert lines[EventKind.RESTART_BUDGET_EXHAUSTED] == "job ended: 3 restart(s) job-wide, more than the 2 allowed"
 
 
 def test_unknown_kinds_list_their_fields():
@@ -139,6 +147,7 @@ def test_the_notified_set_is_what_the_notifier_sends(tmp_path):
         EventKind.NODE_EXCLUDED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED, EventKind.MEM_CKPT_FALLBACK,
         EventKind.MEM_CKPT_PAUSED, EventKind.ROLLBACK, EventKind.TRANSIENT_FAULT, EventKind.DATA_SKIPPED,
         EventKind.NODE_SUSPECT,
+        EventKind.NO_PROGRESS, EventKind.RESTART_BUDGET_EXHAUSTED,
     }
     out = tmp_path / "sent.jsonl"
     notifier = Notifier([Sink("file", str(out))], rate_limit=0)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.launch import eft_run, read_jsonl, torchrun
+from elasticft.contract.exit_codes import ExitCode
 from tests.test_demo import demo  # noqa: F401 - the fixture
 from tests.test_gpt3 import events, finish, losses, start
 
@@ -96,6 +97,26 @@ def test_a_node_that_computes_garbage_is_suspect_and_leaves(demo, tmp_path):  # 
     assert steps[-1]["iteration"] == 14 and steps[-1]["world_size"] == 2
     assert all(json.dumps(r["loss"]) != "NaN" and r["loss"] < 10 for r in steps if r["iteration"] > 8
                and r["world_size"] == 2)
+
+
+def test_a_node_that_stays_and_computes_garbage_ends_the_job_as_no_progress(tmp_path):
+    """With --eft-suspect-action report the bad GPU stays; every re-run of the iteration is
+    bad again, and the job ends with the no-progress exit code instead of looping."""
+    event_file = tmp_path / "events.jsonl"
+    ckpt = tmp_path / "ckpt"
+    job = start([*eft_run(), "--eft-inject", "corrupt:1@6", "--eft-spike-min-history", "4", "--max-restarts", "50",
+                 "--eft-max-no-progress-restarts", "2", "--eft-mem-ckpt-interval", "2",
+                 "--eft-events-file", str(event_file)], tmp_path, "stays", 2,
+                [*DP2, "--save", str(ckpt), "--load", str(ckpt)])
+    try:
+        assert job.wait(400) == ExitCode.NO_PROGRESS, job.output()[-3000:]
+    finally:
+        job.stop()
+    run_events = read_jsonl(event_file)
+    assert [e["cause"] for e in of_kind(run_events, "rollback")] == ["unknown", "hardware", "hardware"]
+    assert of_kind(run_events, "node_suspect")[0]["action"] == "report"
+    assert of_kind(run_events, "no_progress") and not of_kind(run_events, "job_finished")
+    assert "no progress" in (tmp_path / "stays.log").read_text().strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize("seed", [1234, 1, 2])

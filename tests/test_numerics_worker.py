@@ -220,6 +220,6 @@ def test_a_normal_curve_never_rolls_back_and_a_spike_does(tmp_path):
 
 def test_the_spike_window_survives_a_crash_restart(tmp_path):
     job = Job(tmp_path)
-    assert job.run(0, 34)["rollback"] is None  # "crashes" after 34; the state was kept at 30
-    result = job.run(30, 40, bad={(1, 32): 2.0})  # restored from 30: two iterations of new history
-    assert result["rollback"] == 32 and result["events"][0]["fault"] == "spike"
+    assert job.run(0, 64)["rollback"] is None  # "crashes" after 64; the state was kept at 60
+    result = job.run(61, 70, bad={(1, 63): 2.0})  # restored from 61: one new loss, under the 10 needed
+    assert result["rollback"] == 63 and result["events"][0]["fault"] == "spike"

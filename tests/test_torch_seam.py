@@ -216,6 +216,22 @@ def test_stop_heartbeats_stops_the_keep_alive_thread_and_leaves_the_rendezvous_o
     assert backend.bits is None  # nothing written: not closed
 
 
+def test_rendezvous_round_is_the_round_torch_says_this_node_joined(monkeypatch):
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # no TCP store server for the agents
+    handler = DynamicRendezvousHandler.from_backend(
+        run_id="seam-round", store=dist.HashStore(), backend=MemoryBackend(), min_nodes=1, max_nodes=1)
+    try:
+        rounds = []
+        for _ in range(2):  # every restart joins the next round
+            handler.next_rendezvous()
+            rounds.append(torch_seam.rendezvous_round(handler))
+    finally:
+        torch_seam.stop_heartbeats(handler)
+    assert rounds == [0, 1]
+    with pytest.raises(TorchSeamError, match="_state_holder"):
+        torch_seam.rendezvous_round(object())
+
+
 def test_a_missing_private_name_fails_loudly_and_names_it():
     with pytest.raises(TorchSeamError, match=r"^torch \S+: object has no attribute '_stop_heartbeats'; "):
         torch_seam.stop_heartbeats(object())

@@ -18,7 +18,9 @@ What it changes, each through one of the agent's steps:
   but etcd only reports the death when the lease runs out.
 * ``_stop_workers``: the decision's signal (SIGKILL for ranks that could not act on
   SIGTERM), after the hung ranks' stacks are in the log.
-* ``_restart_workers``: every restart is a ``restart`` event with its reason.
+* ``_restart_workers``: every restart is a ``restart`` event with its reason, counted
+  once per cycle job-wide (``restart_budget.py``): a job-wide budget and a no-progress
+  rule may end the job instead.
 
 With a rendezvous backend other than etcd-v3 there is no etcd to hold leases in, and
 the agent behaves exactly like torchrun's. Private torch names are reached only
@@ -43,7 +45,7 @@ from torch.distributed.elastic.agent.server.api import (
     WorkerState,
 )
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
+from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousGracefulExitError
 
 from elasticft import torch_seam
 from elasticft.agent.auto_timeouts import SectionTimeouts
@@ -63,6 +65,7 @@ from elasticft.agent.memory import MemoryService
 from elasticft.agent.numerics import NumericsWatch
 from elasticft.agent.observe import Observer
 from elasticft.agent.replan import RoundPlanner
+from elasticft.agent.restart_budget import BudgetExhausted, RestartBudget, failed_result
 from elasticft.agent.segments import StopRecorder
 from elasticft.agent.services import AgentServices, WorkerProbe
 from elasticft.contract.events import EventKind
@@ -86,6 +89,8 @@ class FTElasticAgent(LocalElasticAgent):
         self._observer: Observer | None = None  # made in run(), with the hang monitor
         self._memory: MemoryService | None = None  # the memory checkpoint tier (etcd-v3 only)
         self._stops: StopRecorder | None = None  # workers_stopped events (etcd-v3 only)
+        self._budget: RestartBudget | None = None  # job-wide restart counts (etcd-v3 only)
+        self._failed: RunResult | None = None  # the workers' last failure, for a job the budget ends
         self._excluded = False  # this node left the job (a straggler, or suspect)
         self._numerics: NumericsWatch | None = None  # made in run(), once the node id is known
         self._planner = RoundPlanner.for_worker(spec.args, settings.planner)
@@ -103,7 +108,14 @@ class FTElasticAgent(LocalElasticAgent):
         stopped_by = None
         try:
             self._start()
-            result = super().run(role)
+            try:
+                result = super().run(role)
+            except BudgetExhausted as ended:  # fail as torch does when --max-restarts runs out
+                result = failed_result(ended, self._failed, self.get_worker_group(), self._run_dir)
+            except RendezvousError:  # left waiting for peers that ended the job: end the same way
+                if self._budget is not None:
+                    self._budget.raise_ending()
+                raise
             if result is None:
                 # torch's run returns nothing after a graceful rendezvous exit: ours, after
                 # this node left as a straggler, or torch's, for a node on the redundancy
@@ -125,6 +137,7 @@ class FTElasticAgent(LocalElasticAgent):
                 self._etcd, self._settings.ft.node_id, spec.local_addr or socket.getfqdn(),
                 spec.local_world_size, self._settings.ft.lease_ttl, self._run_dir, self._settings.memory.domain())
             self._ctx.record(EventKind.NODE_JOINED, host=self._ctx.node.record.host, gpus=spec.local_world_size)
+            self._budget = RestartBudget(self._ctx, self._settings.restarts, spec.max_restarts).start()
         # Workers inherit the agent's environment (torch copies os.environ).
         ctx = self._ctx
         os.environ.update(self._ckpt.worker_environment(ctx.client if ctx else None, ctx.keys if ctx else None))
@@ -207,6 +220,8 @@ class FTElasticAgent(LocalElasticAgent):
             # (eft's handler builds each round's store address anew: no cached address of a lost rank 0)
             ctx.membership.take_losses()
         super()._rendezvous(worker_group)
+        if self._budget is not None:
+            self._budget.joined(torch_seam.rendezvous_round(worker_group.spec.rdzv_handler))
         world = worker_group.workers[0].world_size if worker_group.workers else 0
         if ctx is not None:
             # A node that left as a straggler left before this round: its departure,
@@ -286,15 +301,20 @@ class FTElasticAgent(LocalElasticAgent):
             self._stops.stopped("restart")
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
-        """Every restart is an event; torch has already charged a worker failure to --max-restarts."""
+        """Every restart is an event; torch has already charged a worker failure to --max-restarts.
+        The job-wide count comes first: it may end the job instead (the workers stop as for a restart)."""
+        reason = restart_reason(self._pending, worker_group.state)
+        if self._budget is not None:
+            self._budget.before_restart(reason, lambda: self._stop_workers(worker_group))
         if self._ctx is not None:
-            self._ctx.record(EventKind.RESTART, reason=restart_reason(self._pending, worker_group.state),
+            self._ctx.record(EventKind.RESTART, reason=reason,
                              remaining_restarts=torch_seam.remaining_restarts(self),
                              max_restarts=worker_group.spec.max_restarts)
         try:  # torch's restart calls _stop_workers, which reads the pending decision
             super()._restart_workers(worker_group)
         finally:
             self._pending = REPORT
+            self._failed = None  # a new generation: its own failures are the ones to report
 
     def _shutdown(self, death_sig=None, timeout: int = 30) -> None:
         """Stop the workers when the agent ends; after an exit signal, give them the grace
@@ -309,6 +329,7 @@ class FTElasticAgent(LocalElasticAgent):
         self._services.show_injected_fault()
         if worker_group.workers:
             result = super()._monitor_workers(worker_group)
+            self._failed = result if result.is_failed() else self._failed
         else:  # a spare node idles, and finishes when the working nodes reach torch's exit barrier
             result = RunResult(state=WorkerState.SUCCEEDED if self._working_nodes_finished() else WorkerState.HEALTHY)
         seen = self._observer.look(result.state, worker_group)
@@ -318,7 +339,8 @@ class FTElasticAgent(LocalElasticAgent):
         self._pending = decision
         if decision.verdict is Verdict.HANG:
             # torch restarts the group as for a failed worker, charged to --max-restarts.
-            return self._hangs.failure(list(seen.overruns), worker_group)
+            self._failed = self._hangs.failure(list(seen.overruns), worker_group)
+            return self._failed
         self._announce(decision)
         self._restart_workers(worker_group)
         return RunResult(state=WorkerState.HEALTHY)

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -51,18 +50,13 @@ class NumericsWatch:
 
         on_outbox(OutboxKind.NUMERICS, record)
 
-    def take_rollback(self) -> dict | None:
-        """The rollback the workers stopped for (and forget it), or None if they did not."""
-        path = self._run_dir / ROLLBACK_FILE
+    def take_rollback(self) -> bool:
+        """Whether the workers stopped for a rollback (and forget that they did)."""
         try:
-            text = path.read_text()
+            (self._run_dir / ROLLBACK_FILE).unlink()
         except FileNotFoundError:
-            return None
-        path.unlink(missing_ok=True)
-        try:
-            return json.loads(text)
-        except ValueError:
-            return {}
+            return False
+        return True
 
     def forget_rollback(self) -> None:
         """Before workers start: a marker left by a generation that then failed means nothing."""

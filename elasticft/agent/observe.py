@@ -35,7 +35,7 @@ class Observer:
         """What ``decide`` needs after torch's monitor said ``state``."""
         if state is WorkerState.SUCCEEDED:
             return Observation(state, signal_save=self._ckpt.take_signal_save(),
-                               rollback=self._numerics.take_rollback() is not None)
+                               rollback=self._numerics.take_rollback())
         if state in (WorkerState.UNHEALTHY, WorkerState.FAILED):
             return Observation(state, lost=self._explain_failure(worker_group))
         membership = self._membership

@@ -78,6 +78,13 @@ class EventKind(enum.StrEnum):
     DATA_SKIPPED = "data_skipped"
     # A node implicated in --eft-suspect-after numeric faults; node, faults, action (report or exclude).
     NODE_SUSPECT = "node_suspect"
+    # The restart rule ended the job (elasticft.agent.restart_budget): restart cycles in a row without
+    # progress; cycles, limit, reached (the highest iteration the workers reached), checkpoint (the newest
+    # complete one; None: none). eft-run exits with ExitCode.NO_PROGRESS on every node.
+    NO_PROGRESS = "no_progress"
+    # The restart rule ended the job: more charged restarts (worker failures, hangs) job-wide than allowed;
+    # restarts, limit. eft-run fails as torchrun does when --max-restarts runs out.
+    RESTART_BUDGET_EXHAUSTED = "restart_budget_exhausted"
     # Never in the log: the notifier's last message when it closes; counts ({kind: notifications held back}).
     NOTIFY_SUPPRESSED = "notify_suppressed"
 
@@ -93,6 +100,7 @@ NOTIFIED_KINDS = frozenset({
     EventKind.NODE_EXCLUDED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED, EventKind.MEM_CKPT_FALLBACK,
     EventKind.MEM_CKPT_PAUSED, EventKind.ROLLBACK, EventKind.TRANSIENT_FAULT, EventKind.DATA_SKIPPED,
     EventKind.NODE_SUSPECT,
+    EventKind.NO_PROGRESS, EventKind.RESTART_BUDGET_EXHAUSTED,
 })
 
 # Every event's own fields (time, source), and what the notifier adds (run, suppressed):
@@ -211,6 +219,12 @@ _LINES: dict[EventKind, Callable[[_Fields], str]] = {
     EventKind.NODE_SUSPECT: lambda f: (
         f"node {f['node']} is suspect: implicated in {f['faults']} numeric faults"
         + (" and leaves at the next restart" if f.event.get("action") == "exclude" else "")),
+    EventKind.NO_PROGRESS: lambda f: (
+        f"job ended: {f['cycles']} restart cycle(s) in a row without progress (limit {f['limit']})"
+        + f.part("; workers reached iteration {}", "reached")
+        + (f"; newest checkpoint {f['checkpoint']}" if f.event.get("checkpoint") is not None else "; no checkpoint")),
+    EventKind.RESTART_BUDGET_EXHAUSTED: lambda f: (
+        f"job ended: {f['restarts']} restart(s) job-wide, more than the {f['limit']} allowed"),
     EventKind.NOTIFY_SUPPRESSED: lambda f: _suppressed_counts(f.event),
 }
 

@@ -24,7 +24,10 @@ computes a loss (the last pipeline stage); the others after the iteration.
 
 Workers call ``FaultInjector.after_iteration(i)`` once per iteration; only the target
 acts. Each fault fires once per agent: a marker in the node's run directory remembers
-it, so re-done iterations after a restart do not fire it again. Without ``EFT_RUN_DIR``
+it, so re-done iterations after a restart do not fire it again. A ``*`` after the
+iteration makes a worker's fault repeat: ``rank_killed:1@8*`` kills rank 1 every time
+it reaches iteration 8, after every restart (a job that can never get past a point, for
+``--eft-max-no-progress-restarts``); only ``rank_killed`` and ``rank_hung`` repeat. Without ``EFT_RUN_DIR``
 (not under eft-run) nothing fires. The worker side is ``elasticft.worker.inject.FaultInjector``; the agent side of
 ``gpu_degrade`` is ``elasticft.health.injected.InjectedGpuSource``. They meet in the run
 directory (``DEGRADE_MARKER``, ``FIRED_PREFIX``).
@@ -56,7 +59,8 @@ LOSS_FAULTS = frozenset({FaultKind.NAN, FaultKind.POISON, FaultKind.CORRUPT})  #
 
 
 KINDS = tuple(kind.value for kind in FaultKind)
-_SPEC = re.compile(r"^(?P<kind>[a-z_]+):(?P<target>\d+)@(?P<iteration>\d+)$")
+_SPEC = re.compile(r"^(?P<kind>[a-z_]+):(?P<target>\d+)@(?P<iteration>\d+)(?P<repeat>\*?)$")
+REPEATABLE = (FaultKind.RANK_KILLED, FaultKind.RANK_HUNG)  # faults a worker acts out: they can recur
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class Fault:
     kind: FaultKind
     target: int
     iteration: int
+    repeat: bool = False  # fires every time the iteration is reached (``@I*``), not once per agent
 
     @property
     def name(self) -> str:
@@ -71,14 +76,18 @@ class Fault:
 
 
 def parse_faults(spec: str) -> list[Fault]:
-    """``gpu_degrade:2@8,node_lost:1@10`` -> faults; a clear ConfigError otherwise."""
+    """``gpu_degrade:2@8,node_lost:1@10,rank_killed:1@8*`` -> faults; a clear ConfigError otherwise."""
     faults = []
     for item in filter(None, (part.strip() for part in spec.split(","))):
         match = _SPEC.match(item)
         if not match or match["kind"] not in KINDS:
             raise ConfigError(
-                f"{flag_name('inject')}: expected KIND:TARGET@ITERATION with KIND one of "
+                f"{flag_name('inject')}: expected KIND:TARGET@ITERATION[*] with KIND one of "
                 f"{', '.join(KINDS)}, got {item!r}"
             )
-        faults.append(Fault(FaultKind(match["kind"]), int(match["target"]), int(match["iteration"])))
+        kind, repeat = FaultKind(match["kind"]), bool(match["repeat"])
+        if repeat and kind not in REPEATABLE:
+            raise ConfigError(f"{flag_name('inject')}: only {' and '.join(REPEATABLE)} can repeat (@ITERATION*), "
+                              f"got {item!r}")
+        faults.append(Fault(kind, int(match["target"]), int(match["iteration"]), repeat))
     return faults

@@ -95,6 +95,11 @@ class RunKeys:
         return self.root + "timeouts"
 
     @property
+    def restarts(self) -> str:
+        """The job-wide restart record (``contract.restarts.RestartRecord``), updated by every agent (CAS)."""
+        return self.root + "restarts"
+
+    @property
     def started(self) -> str:
         """When the run started (unix seconds), written once by the first agent."""
         return self.root + "started"

@@ -8,14 +8,19 @@ on the key's mod_revision); ``compare_set`` is its own compare-and-swap loop.
 
 Key layout: the store's keys are ``<prefix><key>``. A queue's items are
 ``<prefix without its trailing '/'>.queues/<quoted key>/<uuid>``, ordered by their
-create revision: outside ``<prefix>`` so that, as in torch's TCPStore, queues are not
-keys (``check`` and ``num_keys`` do not see them).
+create revision: outside ``<prefix>`` so that, as in torch's TCPStore, queue items are
+not keys (``num_keys``, ``list_keys`` and ``get`` do not see them), while ``check`` and
+``wait`` count a non-empty queue as present, as TCPStore does.
+
+Timeouts raise ``DistStoreError`` worded as TCPStore words them
+(``wait timeout after 500ms, keys: <the etcd keys>``), so that code matching torch's
+messages matches ours.
 
 torch reaches a Python store through the pybind trampoline ``PythonStore``, which calls
 Python methods by name: ``getNumKeys`` and ``deleteKey`` (its C++ names, not the
 ``num_keys``/``delete_key`` that Python callers use), ``clone``, ``has_extended_api``,
-``multi_get``, ``multi_set``, ``append``. torch 2.13's trampoline forwards no queue
-operation, so behind torch's ``PrefixStore`` the queue calls raise torch's
+``multi_get``, ``multi_set``, ``append``. torch 2.13's trampoline forwards neither the
+queue operations nor ``listKeys``, so behind torch's ``PrefixStore`` those raise torch's
 NotImplementedError; called on this store directly they work.
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from urllib.parse import quote
 
@@ -41,7 +47,12 @@ def _as_bytes(value) -> bytes:
 
 
 class EtcdStore(Store):
-    """c10d Store whose keys live under ``prefix`` in etcd."""
+    """c10d Store whose keys live under ``prefix`` in etcd.
+
+    Hold the store in Python for as long as torch uses it (in a PrefixStore, say): pybind
+    forgets a Python store's methods once its Python object is collected, and torch's calls
+    then fail with "Tried to call pure virtual function".
+    """
 
     def __init__(self, client: EtcdClient, prefix: str, timeout: timedelta = timedelta(seconds=600),
                  _clones: list | None = None):
@@ -64,7 +75,12 @@ class EtcdStore(Store):
     # -- what torch's trampoline and Python callers use -----------------------------
 
     def clone(self) -> EtcdStore:
-        """A store on the same client, prefix and timeout, for use from another thread."""
+        """A store on the same client, prefix and timeout, for use from another thread.
+
+        The clone shares the client rather than opening its own: the client is safe to use from
+        many threads (one gRPC channel carries concurrent calls; its watch registry is locked),
+        and torch, which holds clones in C++ only, would never close a connection of a clone's own.
+        """
         twin = EtcdStore(self._client, self._prefix, self.timeout, _clones=self._clones)
         self._clones.append(twin)
         return twin
@@ -113,10 +129,20 @@ class EtcdStore(Store):
                 return desired
 
     def check(self, keys: list[str]) -> bool:
-        return all(self._client.get(self._key(k)) is not None for k in keys)
+        """Whether every key is set or names a non-empty queue (as in TCPStore)."""
+        return all(self._present(key)[0] for key in keys)
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        self._wait_for(keys, timeout if timeout is not None else self.timeout)
+        """Return once every key is set or names a non-empty queue; DistStoreError at ``timeout``."""
+        timeout = timeout if timeout is not None else self.timeout
+        deadline = time.monotonic() + timeout.total_seconds()
+        for key in keys:
+            while True:
+                present, revision = self._present(key)
+                if present:
+                    break
+                self._await_change([self._key(key), self._queue(key)], revision, deadline,
+                                   lambda: self._timeout_error(keys, timeout))
 
     def deleteKey(self, key: str) -> bool:  # the name torch's trampoline calls
         return self._client.delete(self._key(key))
@@ -130,6 +156,10 @@ class EtcdStore(Store):
     def num_keys(self) -> int:
         """How many keys this store's prefix holds (queues are not keys)."""
         return self.getNumKeys()
+
+    def list_keys(self) -> list[str]:
+        """The names of this store's keys, without its prefix (queues are not keys)."""
+        return [key[len(self._prefix):] for key in self._client.keys_with_prefix(self._prefix)]
 
     # -- queues ----------------------------------------------------------------------
 
@@ -152,11 +182,16 @@ class EtcdStore(Store):
                     return head.value
                 continue
             if not block:
-                raise QueueEmptyError(f"queue {key!r} of the etcd store is empty")
-            self._await_change(queue, revision, deadline, f"timed out after {timeout} waiting for an item "
-                                                          f"in queue {key!r} of the etcd store")
+                raise QueueEmptyError(f"queue is empty: {queue}")
+            self._await_change([queue], revision, deadline, lambda: self._timeout_error([key], timeout))
 
     # -- waiting ---------------------------------------------------------------------
+
+    def _present(self, key: str) -> tuple[bool, int]:
+        """Whether ``key`` is set or its queue holds an item, and a revision to watch from."""
+        found, revision = self._client.get_with_revision(self._key(key))
+        # A push after the key was read has a later revision: a watch from there sees it.
+        return found is not None or self._client.count_prefix(self._queue(key)) > 0, revision
 
     def _wait_for(self, keys: list[str], timeout: timedelta) -> list[bytes]:
         """The values of ``keys``, waiting for each until ``timeout`` has passed in all."""
@@ -169,17 +204,25 @@ class EtcdStore(Store):
                 if found is not None:
                     values.append(found.value)
                     break
-                self._await_change(full, revision, deadline,
-                                   f"timed out after {timeout} waiting for key {key!r} in the etcd store")
+                self._await_change([full], revision, deadline, lambda: self._timeout_error(keys, timeout))
         return values
 
-    def _await_change(self, prefix: str, revision: int, deadline: float, timeout_message: str) -> None:
-        """Return once anything under ``prefix`` changes after ``revision``; DistStoreError at ``deadline``."""
+    def _timeout_error(self, keys: list[str], timeout: timedelta) -> DistStoreError:
+        # TCPStore's wording, naming every key waited for (by its etcd key, where one would look).
+        milliseconds = round(timeout.total_seconds() * 1000)
+        return DistStoreError(f"wait timeout after {milliseconds}ms, keys: {', '.join(map(self._key, keys))}")
+
+    def _await_change(self, prefixes: list[str], revision: int, deadline: float,
+                      timeout_error: Callable[[], DistStoreError]) -> None:
+        """Return once anything under ``prefixes`` changes after ``revision``; raise ``timeout_error()`` at
+        ``deadline``."""
         changed = threading.Event()
-        cancel = self._client.watch_prefix(prefix, lambda _events: changed.set(), start_revision=revision + 1)
+        cancels = [self._client.watch_prefix(prefix, lambda _events: changed.set(), start_revision=revision + 1)
+                   for prefix in prefixes]
         try:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not changed.wait(remaining):
-                raise DistStoreError(timeout_message)
+                raise timeout_error()
         finally:
-            cancel()
+            for cancel in cancels:
+                cancel()

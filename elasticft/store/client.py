@@ -206,6 +206,11 @@ class EtcdClient:
         """How many keys lie under ``prefix`` (etcd counts them; no values travel)."""
         return self._call(lambda c: c.get_prefix_response(prefix, count_only=True)).count
 
+    def keys_with_prefix(self, prefix: str) -> list[str]:
+        """The names of the keys under ``prefix``, in key order (no values travel)."""
+        response = self._call(lambda c: c.get_prefix_response(prefix, keys_only=True))
+        return [kv.key.decode() for kv in response.kvs]
+
     def first_created(self, prefix: str) -> tuple[KeyValue | None, int]:
         """The oldest key under ``prefix`` by create revision (or None), and the store revision read at."""
         response = self._call(

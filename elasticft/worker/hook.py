@@ -100,8 +100,9 @@ class Hook:
         self._remove_save_switch = False
         self._auto_checkpointing = False
         self._ballots: list[Ballot] = []  # others that vote in the same all_reduce (the memory tier)
-        self.numerics = NumericsGuard(self.run_dir, group, self._outbox) if from_env(NumericsConfig).numerics_check \
-            else None  # a collective: every rank makes its Hook
+        numerics = from_env(NumericsConfig)
+        # A collective: every rank makes its Hook.
+        self.numerics = NumericsGuard(self.run_dir, group, self._outbox, numerics) if numerics.numerics_check else None
         self.progress = ProgressWriter(self.run_dir, dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")),
                                        dump_signal=self._register_stack_dump(),
                                        started=psutil.Process().create_time())

@@ -2,7 +2,8 @@
 
 See ``elasticft.contract.faults`` for the spec. Workers call
 ``FaultInjector.after_iteration(i)`` once per iteration, and pass each loss they compute
-through ``FaultInjector.loss(i, loss)``; only the target acts.
+through ``FaultInjector.loss(i, loss)``; only the target acts, once per agent (a repeating
+fault, ``@I*``, every time iteration I is reached).
 """
 
 from __future__ import annotations
@@ -70,9 +71,9 @@ class FaultInjector:
         return loss
 
     def _first_time(self, fault: Fault) -> bool:
-        """True once per node: a marker remembers that ``fault`` fired."""
+        """True once per node (a repeating fault, ``@I*``: every time): a marker remembers it fired."""
         marker = self._run_dir / f"{FIRED_PREFIX}{fault.name}"
-        if marker.exists():
+        if marker.exists() and not fault.repeat:
             return False
         marker.touch()
         return True

@@ -46,7 +46,6 @@ from elasticft.worker.relay import Outbox
 log = logging.getLogger(__name__)
 
 LOSS, GRAD, BAD_HIGH, BAD_LOW = range(4)  # this guard's slots in the hook's vote
-KEEP_EVERY = 10  # iterations between two writes of the state (a crash restart keeps the spike window)
 
 
 class NumericsGuard:
@@ -64,7 +63,7 @@ class NumericsGuard:
         self._keeper = int(os.environ.get("LOCAL_RANK", "0")) == 0  # writes the node's copy
         node = os.environ.get(WorkerEnv.NODE_ID, "") or f"group-rank-{os.environ.get('GROUP_RANK', '0')}"
         self.state, self._nodes = self._agree(node)
-        self._mine = [0] * self.width
+        self._level_now: float | None = None  # the spike level of the iteration being voted on
 
     # -- start: one state for the whole job ------------------------------------------
 
@@ -73,15 +72,13 @@ class NumericsGuard:
         kept = self._read() if self._keeper else None
         everyone: list = [None] * self._world
         dist.all_gather_object(everyone, (node, kept), group=self._group)
-        states = [NumericsState.from_json(text) for _, text in everyone if text]
+        states = [state for _, state in everyone if state is not None]
         state = max(states, key=lambda s: (s.decisions, s.losses[-1][0] if s.losses else -1), default=NumericsState())
         return state, [n for n, _ in everyone]
 
-    def _read(self) -> str | None:
+    def _read(self) -> NumericsState | None:
         try:
-            text = self._path.read_text()
-            NumericsState.from_json(text)
-            return text
+            return NumericsState.from_json(self._path.read_text())
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError) as exc:
@@ -102,17 +99,15 @@ class NumericsGuard:
         """This rank's slots: its values' bits, and its rank if its own loss is bad (the
         gradient norm is the job's: it names no rank)."""
         self._trim(iteration)
-        level = self._level(iteration)
+        level = self._level_now = self._level(iteration)  # settle() judges by the same level
         bad = not finite(loss) or (level is not None and loss is not None and loss > level)
-        self._mine = [to_bits(loss), to_bits(grad_norm), self._rank + 1 if bad else 0,
-                      self._world - self._rank if bad else 0]
-        return self._mine
+        return [to_bits(loss), to_bits(grad_norm), self._rank + 1 if bad else 0, self._world - self._rank if bad else 0]
 
     def settle(self, iteration: int, agreed: list[int]) -> bool:
         """The job's numbers for ``iteration``; True when the workers must roll back."""
         loss, grad_norm = from_bits(agreed[LOSS]), from_bits(agreed[GRAD])
         ranks = self._ranks(agreed)
-        level = self._level(iteration)
+        level = self._level_now
         kind = judge(loss, grad_norm, level)
         pending = self.state.pending
         if pending is not None and pending.iteration == iteration:
@@ -154,7 +149,7 @@ class NumericsGuard:
 
     def _remember(self, iteration: int, loss: float) -> None:
         self.state.losses = (self.state.losses + [(iteration, loss)])[-self.config.spike_window:]
-        if iteration % KEEP_EVERY == 0:
+        if iteration % self.config.spike_window == 0:  # a crash restart finds the window (a write: ~0.1 ms)
             self._keep()
 
     # -- verdicts ----------------------------------------------------------------------
