@@ -26,7 +26,11 @@ from torch.distributed.elastic.rendezvous import (
 
 from elasticft.config import MIN_LEASE_TTL
 from elasticft.contract.keys import RunKeys
-from elasticft.rendezvous.handler import EtcdRendezvousHandler, node_name
+from elasticft.rendezvous.handler import (
+    EtcdRendezvousHandler,
+    RendezvousStoreUnavailable,
+    node_name,
+)
 from elasticft.rendezvous.rounds import RoundLimits, Rounds
 from elasticft.store import EtcdClient, StoreOptions, StoreUnavailable, connect
 from elasticft.store.c10d_store import EtcdStore
@@ -128,7 +132,7 @@ def _connect_until(options: EtcdRendezvousOptions) -> EtcdClient:
             return connect(options.store)
         except StoreUnavailable:
             if time.monotonic() + delay > deadline:
-                raise StoreUnavailable(
+                raise RendezvousStoreUnavailable(
                     f"--rdzv-endpoint: no etcd answered at {options.store.endpoints} "
                     f"within the join timeout ({options.join_timeout:g} s)"
                 ) from None
@@ -169,7 +173,9 @@ def create_handler(params: RendezvousParameters, client: EtcdClient | None = Non
                     lease_ttl=options.lease_ttl or DEFAULT_LEASE_TTL)
     _open_rounds.append(rounds)
     store = EtcdStore(client, keys.c10d, timeout=timedelta(seconds=options.store_timeout))
-    return EtcdRendezvousHandler(rounds, store, params.run_id, params.local_addr)
+    close_timeout = params.config.get("close_timeout")  # validated by from_params
+    return EtcdRendezvousHandler(rounds, store, params.run_id, params.local_addr,
+                                 close_timeout=float(close_timeout) if close_timeout is not None else None)
 
 
 def leave_without_closing(handler: RendezvousHandler) -> None:

@@ -6,6 +6,9 @@ semantics of torch's ``DynamicRendezvousHandler``: ``next_rendezvous`` returns t
 round's rank, world size, a store prefixed by the round and the workers' bootstrap
 store (hosted by the rank-0 agent unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``);
 ``num_nodes_waiting``, ``is_closed``, ``set_closed``, ``shutdown`` (closes) as torch's.
+As torch's handler does, it reports an unreachable store as ``RendezvousConnectionError``
+(here one that is also eft's ``StoreUnavailable``) and ``shutdown`` returns False when it
+cannot close the rendezvous (torch's ``launch_agent`` calls it in a ``finally``).
 
 Unlike torch's handler it rebuilds the bootstrap store address at every round, so a
 survivor never sends its workers to the store of a rank 0 that was lost.
@@ -13,13 +16,17 @@ survivor never sends its workers to the store of a rank 0 that was lost.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import os
 import socket
+from collections.abc import Iterator
 from datetime import timedelta
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import (
+    RendezvousConnectionError,
     RendezvousHandler,
     RendezvousInfo,
     RendezvousStoreInfo,
@@ -31,8 +38,30 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 
 from elasticft.contract.keys import BACKEND_NAME
 from elasticft.rendezvous.rounds import Round, Rounds
+from elasticft.store import StoreError, StoreUnavailable
+
+log = logging.getLogger(__name__)
 
 _handlers_in_process = itertools.count()
+
+
+class RendezvousStoreError(RendezvousConnectionError, StoreError):
+    """An etcd request failed: torch's kind of error for it, and still eft's ``StoreError``."""
+
+
+class RendezvousStoreUnavailable(RendezvousStoreError, StoreUnavailable):
+    """etcd did not answer: torch's kind of error for it, and still eft's ``StoreUnavailable``."""
+
+
+@contextlib.contextmanager
+def store_errors_as_connection_errors() -> Iterator[None]:
+    try:
+        yield
+    except RendezvousConnectionError:
+        raise
+    except StoreError as exc:
+        kind = RendezvousStoreUnavailable if isinstance(exc, StoreUnavailable) else RendezvousStoreError
+        raise kind(f"etcd-v3 rendezvous: {exc}") from exc
 
 
 def node_name(local_addr: str | None) -> str:
@@ -41,7 +70,8 @@ def node_name(local_addr: str | None) -> str:
 
 
 class EtcdRendezvousHandler(RendezvousHandler):
-    def __init__(self, rounds: Rounds, store: dist.Store, run_id: str, local_addr: str | None):
+    def __init__(self, rounds: Rounds, store: dist.Store, run_id: str, local_addr: str | None,
+                 close_timeout: float | None = None):
         self._rounds = rounds
         self._store = store
         self._addr = local_addr or socket.getfqdn()
@@ -50,8 +80,10 @@ class EtcdRendezvousHandler(RendezvousHandler):
             run_id=run_id,
             min_nodes=limits.min_nodes,
             max_nodes=limits.max_nodes,
+            # close: only reported (closing is one put, bounded by the etcd request timeout)
             timeout=RendezvousTimeout(join=timedelta(seconds=limits.join_timeout),
-                                      last_call=timedelta(seconds=limits.last_call)),
+                                      last_call=timedelta(seconds=limits.last_call),
+                                      close=timedelta(seconds=close_timeout) if close_timeout else None),
             # liveness is the lease: these only describe it to code that reads them
             keep_alive_interval=timedelta(seconds=1),
             keep_alive_max_attempt=1,
@@ -78,7 +110,8 @@ class EtcdRendezvousHandler(RendezvousHandler):
         return os.getenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1"
 
     def next_rendezvous(self) -> RendezvousInfo:
-        self.round = formed = self._rounds.join()
+        with store_errors_as_connection_errors():
+            self.round = formed = self._rounds.join()
         store = dist.PrefixStore(f"torch.rendezvous.{self._settings.run_id}.{formed.number}", self._store)
         server_port = None
         if self.use_agent_store:
@@ -92,19 +125,31 @@ class EtcdRendezvousHandler(RendezvousHandler):
         return RendezvousInfo(store, formed.rank, formed.size, bootstrap)
 
     def is_closed(self) -> bool:
-        return self._rounds.is_closed()
+        with store_errors_as_connection_errors():
+            return self._rounds.is_closed()
 
     def set_closed(self) -> None:
-        self._rounds.set_closed()
+        with store_errors_as_connection_errors():
+            self._rounds.set_closed()
 
     def num_nodes_waiting(self) -> int:
         return self._rounds.waiting()
 
     def shutdown(self) -> bool:
-        """torch's meaning: this job is over for everyone; close, then leave."""
-        self._rounds.set_closed()
-        self._rounds.leave()
-        return True
+        """torch's meaning: this job is over for everyone; close, then leave.
+
+        False when the rendezvous could not be closed (etcd unreachable), as torch's
+        handler answers: torch's agent calls this on its way out, which must not raise.
+        """
+        try:
+            self.set_closed()
+            closed = True
+        except RendezvousConnectionError as exc:
+            log.warning("etcd-v3 rendezvous %s: could not close it: %s", self._settings.run_id, exc)
+            closed = False
+        with contextlib.suppress(StoreError):  # the lease expires on its own
+            self._rounds.leave()
+        return closed
 
     def leave_without_closing(self) -> None:
         """This node leaves a job that goes on: its keys vanish, the others re-rendezvous."""
