@@ -40,16 +40,18 @@ def row(r) -> list:
             v(int(idle.requests)), v(idle.revision)]
 
 
-def simulated(sizes: list[int], designs: list[str], cap: float, idle: float) -> None:
+def simulated(sizes: list[int], designs: list[str], cap: float, idle: float, per_process: int) -> None:
     rows = []
     with EmbeddedEtcd() as etcd:
         for n in sizes:
             for design in designs:
-                result = simulate_round(design, n, etcd.endpoint, cap=cap, idle=idle)
+                result = simulate_round(design, n, etcd.endpoint, cap=cap, idle=idle,
+                                        processes=-(-n // per_process))
                 rows.append(row(result))
                 print("  ".join(str(c) if not isinstance(c, float) else f"{c:.2f}" for c in rows[-1]), flush=True)
     print()
-    print(f"one round of N simulated agents (threads, no workers), one etcd; idle over {idle:g} s, per minute")
+    print(f"one round of N simulated agents (threads, up to {per_process} per process; c10d: one process), "
+          f"no workers, one etcd; idle over {idle:g} s, per minute")
     print("CAS lost counts every compare-and-swap that lost, the agents' c10d store included")
     print(table(HEADERS, rows))
 
@@ -83,12 +85,15 @@ def main() -> None:
     parser.add_argument("--designs", default="keys,blob,c10d")
     parser.add_argument("--cap", type=float, default=60.0, help="seconds a round may take before it counts as none")
     parser.add_argument("--idle", type=float, default=10.0, help="seconds of idle traffic measured after the round")
+    parser.add_argument("--agents-per-process", type=int, default=128,
+                        help="simulated agents per process (threads); more agents are spread over more processes")
     parser.add_argument("--real", default="", help="agent counts for real runs with workers (e.g. 2,8,32)")
     args = parser.parse_args()
     if args.real:
         real([int(s) for s in args.real.split(",")])
         return
-    simulated([int(s) for s in args.sizes.split(",")], args.designs.split(","), args.cap, args.idle)
+    simulated([int(s) for s in args.sizes.split(",")], args.designs.split(","), args.cap, args.idle,
+              args.agents_per_process)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ before), ``c10d`` (torch's own, on a TCPStore: nothing reaches etcd).
 
 from __future__ import annotations
 
+import multiprocessing
 import re
 import threading
 import time
@@ -97,63 +98,131 @@ def _params(design: str, n: int, run_id: str, endpoint: str, cap: float, lease_t
                                 run_id=run_id, min_nodes=n, max_nodes=n, local_addr="127.0.0.1", **config)
 
 
+class AgentGroup:
+    """Simulated agents ``indices`` of one round, as threads of this process sharing a few connections."""
+
+    def __init__(self, design: str, indices: range, n: int, run_id: str, endpoint: str, cap: float, lease_ttl: float):
+        self.design = design
+        connections = 0 if design == "c10d" else -(-len(indices) // AGENTS_PER_CONNECTION)
+        self.pools = [connect(StoreOptions(endpoint)) for _ in range(connections)]
+        self.counters = [_CountingCas(c) for c in self.pools]
+        self.handlers = []
+        for k, _ in enumerate(indices):
+            params = _params(design, n, run_id, endpoint, cap, lease_ttl)
+            if design == "c10d":
+                self.handlers.append(rendezvous_handler_registry.create_handler(params))
+            else:
+                make = create_handler if design == "keys" else create_blob_handler
+                self.handlers.append(make(params, client=self.pools[k // AGENTS_PER_CONNECTION]))
+        # (rank, world size, time.monotonic() when done: one clock for every process of the host)
+        self.results: list[tuple[int, int, float] | None] = [None] * len(indices)
+        self.errors: list[str] = []
+        self.threads: list[threading.Thread] = []
+
+    def start(self, go) -> None:
+        """Start every agent; each calls next_rendezvous() once ``go()`` returns."""
+
+        def agent(i: int) -> None:
+            go()
+            try:
+                info = self.handlers[i].next_rendezvous()
+                self.results[i] = (info.rank, info.world_size, time.monotonic())
+            except Exception as exc:  # noqa: BLE001 - reported in the table
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+
+        self.threads = [threading.Thread(target=agent, args=(i,), daemon=True) for i in range(len(self.handlers))]
+        for t in self.threads:
+            t.start()
+
+    def wait(self, until: float) -> None:
+        for t in self.threads:
+            t.join(timeout=max(0.0, until - time.monotonic()))
+
+    def cas_losses(self) -> int:
+        return sum(c.losses for c in self.counters) + sum(
+            getattr(getattr(h, "rounds", None), "cas_losses", 0) for h in self.handlers)
+
+    def stop(self) -> None:
+        _stop(self.design, self.handlers, self.threads)
+        for client in self.pools:
+            client.close()
+
+
+def _group_process(design, indices, n, run_id, endpoint, cap, lease_ttl, go, results, stop) -> None:
+    """One process of simulated agents (``simulate_round`` with ``processes`` > 1)."""
+    group = AgentGroup(design, indices, n, run_id, endpoint, cap, lease_ttl)
+    here = threading.Event()  # the agents wait on it; this thread alone takes part in the processes' barrier
+    group.start(here.wait)
+    go.wait()
+    here.set()
+    group.wait(time.monotonic() + cap)
+    results.put((group.results, group.errors, group.cas_losses()))
+    stop.wait()
+    group.stop()
+
+
 def simulate_round(design: str, n: int, etcd_endpoint: str, cap: float = 60.0, idle: float = 10.0,
-                   lease_ttl: float = 3.0) -> RoundResult:
-    """Form one round of ``n`` agents of ``design``; measure it and ``idle`` seconds after it."""
+                   lease_ttl: float = 3.0, processes: int = 1) -> RoundResult:
+    """Form one round of ``n`` agents of ``design``; measure it and ``idle`` seconds after it.
+
+    With ``processes`` > 1 the agents are spread over that many processes (keys and blob
+    designs): at a thousand agents one process's lock on Python, not etcd, would set the pace.
+    """
     run_id = uuid.uuid4().hex
     probe = connect(StoreOptions(etcd_endpoint))
-    pools = [connect(StoreOptions(etcd_endpoint)) for _ in range(-(-n // AGENTS_PER_CONNECTION))]
-    counters = [_CountingCas(c) for c in pools]
-    c10d_endpoint = f"127.0.0.1:{free_port()}"
-    handlers = []
-    for i in range(n):
-        if design == "c10d":
-            params = _params(design, n, run_id, c10d_endpoint, cap, lease_ttl)
-            handlers.append(rendezvous_handler_registry.create_handler(params))
-        else:
-            make = create_handler if design == "keys" else create_blob_handler
-            handlers.append(make(_params(design, n, run_id, etcd_endpoint, cap, lease_ttl),
-                                 client=pools[i // AGENTS_PER_CONNECTION]))
-    infos: list = [None] * n
-    errors: list[str] = []
-    start = threading.Barrier(n + 1)
-
-    def agent(i: int) -> None:
-        start.wait()
-        try:
-            infos[i] = handlers[i].next_rendezvous()
-        except Exception as exc:  # noqa: BLE001 - reported in the table
-            errors.append(f"{type(exc).__name__}: {exc}")
-
-    threads = [threading.Thread(target=agent, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
+    endpoint = f"127.0.0.1:{free_port()}" if design == "c10d" else etcd_endpoint
+    processes = 1 if design == "c10d" else max(1, processes)
+    shares = [range(n)[p::processes] for p in range(processes)]
+    group = None
+    if processes == 1:
+        group = AgentGroup(design, shares[0], n, run_id, endpoint, cap, lease_ttl)
+        go = threading.Barrier(len(shares[0]) + 1)
+        group.start(go.wait)
+    else:
+        ctx = multiprocessing.get_context("spawn")  # gRPC does not survive fork
+        go, results, stop = ctx.Barrier(processes + 1), ctx.Queue(), ctx.Event()
+        children = [ctx.Process(target=_group_process, daemon=True,
+                                args=(design, share, n, run_id, endpoint, cap, lease_ttl, go, results, stop))
+                    for share in shares]
+        for child in children:
+            child.start()
     before = read_counters(etcd_endpoint, probe)
-    start.wait()
+    go.wait()
     began = time.monotonic()
-    for t in threads:
-        t.join(timeout=max(0.0, began + cap - time.monotonic()))
-    took = time.monotonic() - began
+    if group is not None:
+        group.wait(began + cap)
+        outcomes, errors, cas_losses = group.results, group.errors, group.cas_losses()
+    else:
+        outcomes, errors, cas_losses = [], [], 0
+        for _ in children:
+            part, part_errors, part_losses = results.get(timeout=cap + 120)
+            outcomes += part
+            errors += part_errors
+            cas_losses += part_losses
     result = RoundResult(design, n, None)
-    formed = all(info is not None for info in infos)
     result.round = read_counters(etcd_endpoint, probe).minus(before)
     if design != "c10d":
-        result.cas_losses = sum(c.losses for c in counters) + sum(
-            getattr(getattr(h, "rounds", None), "cas_losses", 0) for h in handlers)
-    if formed:
-        ranks = sorted(info.rank for info in infos)
-        if ranks != list(range(n)) or {info.world_size for info in infos} != {n}:
-            result.error = f"bad ranks: {ranks[:8]}... sizes {sorted({i.world_size for i in infos})}"
+        result.cas_losses = cas_losses
+    if all(o is not None for o in outcomes):
+        ranks = sorted(o[0] for o in outcomes)
+        if ranks != list(range(n)) or {o[1] for o in outcomes} != {n}:
+            result.error = f"bad ranks: {ranks[:8]}... sizes {sorted({o[1] for o in outcomes})}"
         else:
-            result.seconds = took
+            result.seconds = max(o[2] for o in outcomes) - began
             idle_before = read_counters(etcd_endpoint, probe)
             time.sleep(idle)  # the measurement window itself, not a wait for an event
             result.idle_per_minute = _scaled(read_counters(etcd_endpoint, probe).minus(idle_before), 60.0 / idle)
     else:
         result.error = errors[0] if errors else f"no round within {cap:g} s"
-    _stop(design, handlers, threads)
-    for client in pools + [probe]:
-        client.close()
+    if group is not None:
+        group.stop()
+    else:
+        stop.set()
+        for child in children:
+            child.join(timeout=30)
+            if child.is_alive():
+                child.kill()
+    probe.close()
     return result
 
 

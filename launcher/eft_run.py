@@ -144,6 +144,10 @@ def run(args, settings: Settings) -> None:
             target, conf_ttl = _etcd_target(args, rdzv_conf)
             if conf_ttl is not None:
                 settings = dataclasses.replace(settings, ft=dataclasses.replace(settings.ft, lease_ttl=conf_ttl))
+            else:
+                # one lease TTL for the node record and the rendezvous keys: a lost node
+                # leaves both at the same moment
+                args.rdzv_conf = ",".join(filter(None, [args.rdzv_conf, f"lease_ttl={settings.ft.lease_ttl:g}"]))
             os.environ["EFT_RUN_ID"] = args.rdzv_id
             os.environ["EFT_ENDPOINT"] = args.rdzv_endpoint
 

@@ -108,7 +108,7 @@ def test_a_node_beyond_max_is_redundant_until_a_member_leaves(rendezvous):
     spare = make()
     with ThreadPoolExecutor(1) as pool:
         joined = pool.submit(spare.next_rendezvous)
-        wait_for(lambda: len(members[0].rounds._next) == 1, 10, "the spare's key to reach a member")
+        wait_for(members[0].rounds.someone_waits, 10, "the spare's marker to reach a member")
         assert members[0].num_nodes_waiting() == 0  # a full round does not restart for a spare
         members[1].leave_without_closing()
         wait_for(lambda: members[0].num_nodes_waiting() > 0, 10, "the member to see the departure")

@@ -364,9 +364,7 @@ def test_closing_ends_the_wait_of_a_late_node(run):
         late.result(timeout=15)
 
 
-def test_closing_lets_a_redundant_node_exit_gracefully(run, request):
-    xfail_for(request, run, "eft", "rounds.py raises RendezvousClosedError for a node waiting beyond max_nodes; "
-              "torch raises RendezvousGracefulExitError, which its agent's run() takes as a clean exit")
+def test_closing_lets_a_redundant_node_exit_gracefully(run):
     members = run.handlers(2, 2, 2)
     join_all(members)
     spare = in_thread(run.handler(2, 2).next_rendezvous)

@@ -72,6 +72,7 @@ from elasticft.contract.events import EventKind
 from elasticft.contract.records import layout_record
 from elasticft.contract.run_dir import WorkerEnv
 from elasticft.knobs import env_name
+from elasticft.rendezvous.backend import rendezvous_round
 from elasticft.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -221,7 +222,7 @@ class FTElasticAgent(LocalElasticAgent):
             ctx.membership.take_losses()
         super()._rendezvous(worker_group)
         if self._budget is not None:
-            self._budget.joined(torch_seam.rendezvous_round(worker_group.spec.rdzv_handler))
+            self._budget.joined(rendezvous_round(worker_group.spec.rdzv_handler))
         world = worker_group.workers[0].world_size if worker_group.workers else 0
         if ctx is not None:
             # A node that left as a straggler left before this round: its departure,

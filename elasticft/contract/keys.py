@@ -118,8 +118,16 @@ class RunKeys:
 
     @property
     def rdzv_control(self) -> str:
-        """Prefix of the few keys every waiting node watches: round pointer, decisions, closed."""
+        """Prefix of the few keys every node in the rendezvous watches: round pointer,
+        decisions, closers, waiting markers, closed."""
         return self.root + "rdzv/ctl/"
+
+    @property
+    def rdzv_watched_end(self) -> str:
+        """End of the one key range every node watches, [rdzv_control, rdzv_watched_end):
+        the control keys and ``rdzv_state`` (nothing else sorts between them: rounds are
+        digits, which sort before ``ctl/``), so one watch also sees an old-backend agent."""
+        return self.rdzv_state + "\0"
 
     @property
     def rdzv_round(self) -> str:
@@ -135,6 +143,16 @@ class RunKeys:
         """Round ``round_``'s closing decision, created once by the node that closes it:
         JSON ``{"revision": R, "size": n}``: its participants are the keys present at R."""
         return f"{self.rdzv_control}decision/{round_}"
+
+    def rdzv_closer(self, round_: int) -> str:
+        """The node that closes round ``round_`` (created if absent, under its lease: when it
+        dies the key goes and another waiting node takes the role)."""
+        return f"{self.rdzv_control}closer/{round_}"
+
+    def rdzv_waiting(self, round_: int) -> str:
+        """Present while a node waits in round ``round_`` after round ``round_ - 1`` formed
+        (under that node's lease): the members of ``round_ - 1`` watch for it."""
+        return f"{self.rdzv_control}waiting/{round_}"
 
     def rdzv_participants(self, round_: int) -> str:
         """Prefix of round ``round_``'s participants, one key per node under that node's lease."""

@@ -34,7 +34,7 @@ from elasticft.rendezvous.handler import (
 from elasticft.rendezvous.rounds import RoundLimits, Rounds
 from elasticft.store import EtcdClient, StoreOptions, StoreUnavailable, connect
 from elasticft.store.c10d_store import EtcdStore
-from elasticft.torch_seam import stop_heartbeats
+from elasticft import torch_seam
 
 # Faster than torch's 30 s: a survivor set that meets --nnodes' minimum should
 # resume training at once; late joiners are admitted at the next round anyway.
@@ -178,6 +178,16 @@ def create_handler(params: RendezvousParameters, client: EtcdClient | None = Non
                                  close_timeout=float(close_timeout) if close_timeout is not None else None)
 
 
+def rendezvous_round(handler: RendezvousHandler) -> int:
+    """The round this node joined last: the same number on every node of the round (one
+    restart cycle job-wide, as ``agent/restart_budget.py`` counts them)."""
+    if isinstance(handler, EtcdRendezvousHandler):
+        if handler.round is None:
+            raise RuntimeError("rendezvous_round() before the first next_rendezvous()")
+        return handler.round.number
+    return torch_seam.rendezvous_round(handler)  # torch's own handler (the old blob backend)
+
+
 def leave_without_closing(handler: RendezvousHandler) -> None:
     """Stop taking part in the rendezvous without closing it for the nodes that stay.
 
@@ -190,7 +200,7 @@ def leave_without_closing(handler: RendezvousHandler) -> None:
         handler.leave_without_closing()
         return
     # torch's own handler (the old blob backend, in the bench and tests): stop its heartbeats only
-    stop_heartbeats(handler)
+    torch_seam.stop_heartbeats(handler)
 
     def shutdown() -> bool:
         return True

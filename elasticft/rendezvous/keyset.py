@@ -1,4 +1,4 @@
-"""A live local copy of the keys under one etcd prefix: one range read, then a watch.
+"""A live local copy of the keys in one etcd key range: one range read, then a watch.
 
 The rendezvous waits on these instead of polling: a waiting node learns that a round
 closed, that its closer died or that a participant's lease expired from a watch
@@ -12,64 +12,71 @@ import threading
 from collections.abc import Callable
 
 from elasticft.store import EtcdClient, StoreError, WatchEvent
+from elasticft.store.client import prefix_end
 
 log = logging.getLogger(__name__)
 
 
 class KeySet:
-    """Keys under ``prefix`` (key -> create revision), kept current by a watch.
+    """Keys in [start, end) (key -> create revision, and their values), kept current by a watch.
 
-    ``exact`` limits it to the one key equal to ``prefix`` (etcd watches prefixes).
+    ``end`` None means every key under the prefix ``start``; ``exact`` only ``start`` itself.
+    With ``after`` (a revision) nothing is read: the copy starts empty and holds only what
+    changed after that revision; a key deleted that it never held is in ``vanished``.
     ``changed`` is called, from the watch thread, after every change.
     """
 
-    def __init__(self, client: EtcdClient, prefix: str, changed: Callable[[], None], exact: bool = False):
-        self._prefix = prefix
+    def __init__(self, client: EtcdClient, start: str, changed: Callable[[], None], end: str | None = None,
+                 exact: bool = False, after: int | None = None):
+        self._start = start
         self._exact = exact
         self._changed = changed
         self._lock = threading.Lock()
         self._closed = False
+        self.broken = False  # the watch failed: the copy is stale, make a new one
         self.keys: dict[str, int] = {}
         self.values: dict[str, bytes] = {}
-        self.deleted: set[str] = set()  # keys seen to vanish since this copy was made
-        items, revision = client.get_prefix(prefix)
-        for item in items:
-            if self._wanted(item.key):
+        self.vanished: list[str] = []  # keys deleted that this copy never held (``after`` copies)
+        end = end or (start + "\0" if exact else prefix_end(start))
+        if after is None:
+            items, after = client.get_range(start, end)
+            for item in items:
                 self.keys[item.key] = item.create_revision
                 self.values[item.key] = item.value
-        self._cancel = client.watch_prefix(prefix, self._on_events, start_revision=revision + 1,
-                                           on_error=self._on_error)
-
-    def _wanted(self, key: str) -> bool:
-        return key == self._prefix or not self._exact
+        self._cancel = client.watch_range(start, end, self._on_events, start_revision=after + 1,
+                                          on_error=self._on_error)
 
     def _on_events(self, events: list[WatchEvent]) -> None:
         with self._lock:
             for event in events:
-                if not self._wanted(event.key):
-                    continue
                 if event.deleted:
-                    if self.keys.pop(event.key, None) is not None:
-                        self.deleted.add(event.key)
+                    if self.keys.pop(event.key, None) is None:
+                        self.vanished.append(event.key)
                     self.values.pop(event.key, None)
                 else:
                     # a watch event carries the mod revision; for a key new to this copy
-                    # that is its create revision (eft never rewrites a participant key)
+                    # that is its create revision (the rendezvous never rewrites its keys)
                     self.keys.setdefault(event.key, event.revision)
                     self.values[event.key] = event.value
         self._changed()
 
     def _on_error(self, exc: Exception) -> None:
         if not self._closed:
-            log.warning("rendezvous watch on %s broke: %s", self._prefix, exc)
+            log.warning("rendezvous watch on %s broke: %s", self._start, exc)
             self.broken = True
             self._changed()
 
-    broken = False
-
-    def snapshot(self) -> dict[str, int]:
+    def get(self, key: str) -> bytes | None:
         with self._lock:
-            return dict(self.keys)
+            return self.values.get(key)
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return key in self.keys
+
+    def snapshot(self) -> dict[str, bytes]:
+        with self._lock:
+            return dict(self.values)
 
     def __len__(self) -> int:
         with self._lock:

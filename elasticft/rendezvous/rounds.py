@@ -2,22 +2,26 @@
 
 A round ``r`` is formed like this (keys in ``contract/keys.py``):
 
-* every node joining puts ``rdzv/<r>/p/<node>`` under its own lease (one small write,
-  no contention: each node writes its own key; liveness is the lease);
-* one node, the *closer* (the oldest participant by create revision), watches the
-  participants; once the previous round has no live participant left (torch's rule:
-  a new round starts when every member of the last one has left it) and
-  ``min_nodes`` are there, it waits ``last_call`` for more (none when ``max_nodes``
-  are there) and creates ``rdzv/ctl/decision/<r>`` = ``{"revision": R, "size": n}``:
-  the participants are the keys that existed at revision R;
-* everyone else watches ``rdzv/ctl/`` (round pointer, decisions, closed) and the
-  closer's key (its death hands the role to the next oldest); when the decision
-  appears, a node's rank is the number of participant keys sorting before its own at
-  revision R: one count-only range read, the same answer on every node;
+* every node watches one key range, the *control* keys (decisions, closers, waiting
+  markers, closed; and the old backend's ``rdzv/state``, refused in one line): one
+  range read and one watch per node for as long as it takes part;
+* a node joins the first undecided round: it puts ``rdzv/<r>/p/<node>`` under its own
+  lease (one small write, no contention; liveness is the lease);
+* one node, the *closer*, created ``rdzv/ctl/closer/<r>`` first (create-if-absent,
+  under its lease: if it dies the key goes and another waiting node takes the role).
+  It watches the participants; once the previous round has no participant left
+  (torch's rule: a new round starts when every member of the last one has left it)
+  and ``min_nodes`` are there, it waits ``last_call`` for more (none at ``max_nodes``)
+  and creates ``rdzv/ctl/decision/<r>`` = ``{"revision": R, "size": n}``: the
+  participants are the keys that existed at revision R;
+* when the decision reaches a node through its watch, its rank is the number of
+  participant keys sorting before its own at revision R: one count-only range read,
+  the same answer on every node, no member list sent to anyone;
 * a node that arrives after the decision (or beyond ``max_nodes``) moves to round
-  ``r + 1``. The members of round ``r`` watch ``rdzv/<r+1>/p/`` and their own round's
-  keys: ``waiting()`` counts the nodes in the next round (not when the round is full:
-  those are torch's redundancy list) plus the members lost since, answered from memory.
+  ``r + 1``; the first such node marks ``rdzv/ctl/waiting/<r+1>`` (under its lease).
+  The members of ``r`` see the marker in their control watch, and see lost members in
+  a watch on their round's keys that starts at R (nothing read): ``waiting()`` answers
+  from memory, with a count request only when someone waits and the round is not full.
 
 When membership does not change nothing is written: the only traffic is lease
 keep-alives.
@@ -33,12 +37,18 @@ from dataclasses import dataclass
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousError,
+    RendezvousGracefulExitError,
     RendezvousTimeoutError,
 )
 
 from elasticft.contract.keys import RunKeys
 from elasticft.rendezvous.keyset import KeySet
 from elasticft.store import EtcdClient, Lease, StoreError
+from elasticft.store.client import prefix_end
+
+# Decisions kept after newer rounds formed: a node slow to read its round's decision
+# still finds it (a decision is ~40 bytes; rounds happen at membership changes only).
+KEPT_DECISIONS = 8
 
 
 class MixedVersionError(RendezvousError):
@@ -61,8 +71,8 @@ class Round:
     revision: int  # the participants are the keys that existed at this revision
 
 
-def _prefix_end(prefix: str) -> str:
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+def _round_of(decision_key: str) -> int:
+    return int(decision_key.rsplit("/", 1)[1])
 
 
 class Rounds:
@@ -76,12 +86,14 @@ class Rounds:
         self._lease_ttl = lease_ttl
         self._lease: Lease | None = None
         self._joined: tuple[int, str] | None = None  # (round, my participant key)
+        self._roles: list[str] = []  # closer / waiting keys I created in the round I am in
         self._woken = threading.Condition()
         self._generation = 0
+        self._control: KeySet | None = None  # the control keys, watched from join to leave
         self._current: Round | None = None
-        self._members: KeySet | None = None  # my round's participants, once it formed
-        self._next: KeySet | None = None  # the next round's participants (waiting nodes)
-        self.cas_losses = 0  # decisions another closer created first (bench figure)
+        self._members: KeySet | None = None  # my round's keys changed after its decision
+        self._member_lost: dict[str, bool] = {}  # vanished key -> was it a member (memo)
+        self.cas_losses = 0  # roles or decisions another node created first (bench figure)
 
     # -- waking up -------------------------------------------------------------
 
@@ -100,43 +112,52 @@ class Rounds:
         if self._lease is None or self._lease.lost.is_set():
             self._lease = self._client.lease(self._lease_ttl)
             self._joined = None
+            self._roles = []
         return self._lease
 
-    def _pointer(self) -> tuple[int, int | None]:
-        found = self._client.get(self._keys.rdzv_round)
-        if found is None:
-            return 0, None
-        return int(json.loads(found.value)["round"]), found.mod_revision
+    def _watch_control(self) -> KeySet:
+        """The control keys, re-read and re-watched if the watch broke (etcd restarted, compaction)."""
+        if self._control is None or self._control.broken:
+            if self._control is not None:
+                self._control.close()
+            self._control = KeySet(self._client, self._keys.rdzv_control, self._wake, end=self._keys.rdzv_watched_end)
+        return self._control
 
-    def _advance_pointer(self, to: int) -> None:
-        """Make the round pointer at least ``to`` (one write per round; a lost race means another did it)."""
-        current, revision = self._pointer()
-        while current < to:
-            swapped, now = self._client.compare_and_swap(self._keys.rdzv_round, revision, json.dumps({"round": to}))
-            if swapped or now is None:
-                return
-            current, revision = int(json.loads(now.value)["round"]), now.mod_revision
-
-    def _check_run(self) -> None:
-        if self._client.get(self._keys.rdzv_closed) is not None:
+    def _check_run(self, control: KeySet, waiting_in: int | None = None) -> None:
+        if self._keys.rdzv_closed in control:
+            if waiting_in is not None and self._spare(control, waiting_in):
+                raise RendezvousGracefulExitError()  # torch's answer to its redundancy list: a clean exit
             raise RendezvousClosedError()
-        self._refuse_old_backend(self._client.get(self._keys.rdzv_state) is not None)
-
-    def _refuse_old_backend(self, present: bool) -> None:
-        if present:
+        if self._keys.rdzv_state in control:
             raise MixedVersionError(
                 f"etcd-v3 rendezvous: {self._keys.rdzv_state} was written by an agent of an older eft "
                 "(pickled-state backend); every agent of a run must run the same eft version"
             )
 
+    def _spare(self, control: KeySet, number: int) -> bool:
+        """Waiting in round ``number`` while the round before it formed full: torch's redundancy list."""
+        decided = control.get(self._keys.rdzv_decision(number - 1)) if number > 0 else None
+        return decided is not None and int(json.loads(decided)["size"]) >= self.limits.max_nodes
+
+    def _first_undecided(self, control: KeySet) -> int:
+        decided = [_round_of(k) for k in control.snapshot() if k.startswith(self._keys.rdzv_decision(0)[:-1])]
+        return max(decided, default=-1) + 1
+
     def _enter(self, number: int) -> int:
-        """Put my participant key in round ``number``, then drop the one in my previous round."""
+        """Put my participant key in round ``number`` and drop my keys of the round before (one request)."""
         key = self._keys.rdzv_participant(number, self.node)
-        revision = self._client.put(key, json.dumps({"node": self.node}), lease=self._ensure_lease())
-        previous, self._joined = self._joined, (number, key)
-        if previous is not None and previous[1] != key:
-            self._client.delete(previous[1])
+        lease = self._ensure_lease()
+        stale = self._roles + ([self._joined[1]] if self._joined is not None and self._joined[1] != key else [])
+        revision = self._client.put_and_delete(key, json.dumps({"node": self.node}), lease, stale)
+        self._joined, self._roles = (number, key), []
         return revision
+
+    def _claim(self, key: str) -> None:
+        """Create a role key (closer, waiting marker) under my lease if no one holds it."""
+        if self._client.create(key, self.node, lease=self._lease):
+            self._roles.append(key)
+        else:
+            self.cas_losses += 1
 
     def _resolve(self, number: int, decision: bytes, joined_at: int) -> Round | None:
         """My place in round ``number`` by its decision; None when I came too late for it."""
@@ -149,12 +170,18 @@ class Rounds:
         return Round(number, rank, size, revision) if rank < size else None
 
     def _close(self, number: int) -> None:
-        """Decide round ``number``: its participants are the keys there now."""
+        """Decide round ``number``: its participants are the keys there now. The same
+        transaction drops what the round no longer needs: its closer and waiting keys and
+        the decision of a round long gone (a recent one may still be read by a slow node)."""
         prefix = self._keys.rdzv_participants(number)
-        count, revision = self._client.count_range(prefix, _prefix_end(prefix))
-        size = min(count, self.limits.max_nodes)
-        decision = json.dumps({"revision": revision, "size": size})
-        if not self._client.create(self._keys.rdzv_decision(number), decision):
+        count, revision = self._client.count_range(prefix, prefix_end(prefix))
+        decision = json.dumps({"revision": revision, "size": min(count, self.limits.max_nodes)})
+        done = (self._keys.rdzv_closer(number), self._keys.rdzv_waiting(number))
+        if number >= KEPT_DECISIONS:
+            done += (self._keys.rdzv_decision(number - KEPT_DECISIONS),)
+        if self._client.create(self._keys.rdzv_decision(number), decision, delete=done):
+            self._roles = [k for k in self._roles if k not in done]
+        else:
             self.cas_losses += 1
 
     # -- joining -----------------------------------------------------------------
@@ -163,53 +190,49 @@ class Rounds:
         """Block until this node is a member of a formed round; its rank and size."""
         self._stop_watching_round()
         deadline = time.monotonic() + self.limits.join_timeout
-        self._check_run()
-        number, _ = self._pointer()
         try:
+            control = self._watch_control()
+            self._check_run(control)
+            number = self._first_undecided(control)
             while True:
-                if self._client.get(self._keys.rdzv_decision(number)) is not None:
-                    number += 1  # that round is formed: wait in the next one
-                    self._advance_pointer(number)
-                    continue
                 joined_at = self._enter(number)
                 formed = self._wait_for_decision(number, joined_at, deadline)
                 if formed is not None:
                     self._start_watching_round(formed)
                     return formed
-                number += 1
-                self._advance_pointer(number)
+                number = max(number + 1, self._first_undecided(self._watch_control()))
         except BaseException:
-            self._drop_key()
+            self._drop_keys()
             raise
 
     def _wait_for_decision(self, number: int, joined_at: int, deadline: float) -> Round | None:
         decision_key = self._keys.rdzv_decision(number)
-        control = KeySet(self._client, self._keys.rdzv_control, self._wake)
-        old_state = KeySet(self._client, self._keys.rdzv_state, self._wake, exact=True)
-        closer: KeySet | None = None
+        closer_key, waiting_key = self._keys.rdzv_closer(number), self._keys.rdzv_waiting(number)
+        after_formed = self._keys.rdzv_decision(number - 1)
         mine: KeySet | None = None
         previous: KeySet | None = None
         last_call_until: float | None = None
+        claimed_at = None  # the generation at which I last tried to claim roles
         try:
             while True:
                 seen = self._generation
-                if self._keys.rdzv_closed in control.keys:
-                    raise RendezvousClosedError()
-                self._refuse_old_backend(len(old_state) > 0)
-                if decision_key in control.values:
-                    return self._resolve(number, control.values[decision_key], joined_at)
-                if closer is None or len(closer) == 0:
-                    if closer is not None:
-                        closer.close()
-                    oldest, _ = self._client.first_created(self._keys.rdzv_participants(number))
-                    if oldest is None:
-                        raise RendezvousError(f"round {number}: my participant key vanished (lease lost?)")
-                    closer = KeySet(self._client, oldest.key, self._wake, exact=True)
-                    if oldest.key == self._joined[1] and mine is None:
-                        mine = KeySet(self._client, self._keys.rdzv_participants(number), self._wake)
-                        if number > 0:
-                            previous = KeySet(self._client, self._keys.rdzv_participants(number - 1), self._wake)
-                    continue
+                control = self._watch_control()
+                self._check_run(control, waiting_in=number)
+                decision = control.get(decision_key)
+                if decision is not None:
+                    return self._resolve(number, decision, joined_at)
+                if claimed_at != seen:
+                    # a role key that is missing was never made or its holder is gone:
+                    # try once per change seen (a lost race shows up as the winner's key)
+                    claimed_at = seen
+                    if closer_key not in control:
+                        self._claim(closer_key)
+                    if after_formed in control and waiting_key not in control:
+                        self._claim(waiting_key)
+                if mine is None and control.get(closer_key) == self.node.encode():
+                    mine = KeySet(self._client, self._keys.rdzv_participants(number), self._wake)
+                    if number > 0:
+                        previous = KeySet(self._client, self._keys.rdzv_participants(number - 1), self._wake)
                 now = time.monotonic()
                 wake_at = deadline
                 if mine is not None and (previous is None or len(previous) == 0):
@@ -231,40 +254,75 @@ class Rounds:
                     )
                 self._sleep(seen, wake_at)
         finally:
-            for keyset in (control, old_state, closer, mine, previous):
+            for keyset in (mine, previous):
                 if keyset is not None:
                     keyset.close()
 
     # -- after a round formed ---------------------------------------------------
 
     def _start_watching_round(self, formed: Round) -> None:
+        # the watch on the round's keys is made at the first waiting() call: it starts
+        # from R + 1 whenever it is made, so nothing is missed, and the workers start
+        # one watch creation sooner (etcd answers those one at a time per connection)
         self._current = formed
-        self._members = KeySet(self._client, self._keys.rdzv_participants(formed.number), lambda: None)
-        self._next = KeySet(self._client, self._keys.rdzv_participants(formed.number + 1), lambda: None)
+        self._member_lost = {}
 
     def stop_watching(self) -> None:
-        """Cancel the watches of the round this node is in (its keys stay until it leaves)."""
+        """Cancel this node's watches (its keys stay until it leaves)."""
         self._stop_watching_round()
+        control, self._control = self._control, None
+        if control is not None:
+            control.close()
 
     def _stop_watching_round(self) -> None:
-        for keyset in (self._members, self._next):
-            if keyset is not None:
-                keyset.close()
-        self._members = self._next = None
+        members, self._members = self._members, None
+        if members is not None:
+            members.close()
+
+    def _lost_members(self, formed: Round, members: KeySet) -> int:
+        """Members of my round gone since it formed. A key that vanished is a member's
+        when it ranked below the size at R (else it was a node beyond ``max_nodes``
+        moving on); classified lazily, one count each, and only until one is found."""
+        lost = 0
+        prefix = self._keys.rdzv_participants(formed.number)
+        for key in list(members.vanished):
+            if key not in self._member_lost:
+                if lost:
+                    break  # one known loss is enough to restart; torch asks only for > 0
+                rank, _ = self._client.count_range(prefix, key, formed.revision)
+                self._member_lost[key] = rank < formed.size
+            lost += self._member_lost[key]
+        return lost
 
     def waiting(self) -> int:
-        """Nodes the current round's members should re-rendezvous for (no request to etcd).
+        """Nodes the current round's members should re-rendezvous for.
 
-        The nodes in the next round, unless this round has ``max_nodes`` live members
-        (then they are torch's redundancy list), plus the members lost since it formed.
+        The members lost since the round formed, plus the nodes waiting in the next
+        round unless this one has ``max_nodes`` live members (then they are torch's
+        redundancy list). Answered from the watches, with a count request only when
+        something changed.
         """
-        formed, members, following = self._current, self._members, self._next
-        if formed is None or members is None or following is None:
+        formed, control = self._current, self._control
+        if formed is None or control is None:
             return 0
-        alive = sum(1 for created in members.snapshot().values() if created <= formed.revision)
-        lost = max(0, formed.size - alive)
-        redundant = alive >= self.limits.max_nodes
-        return lost + (0 if redundant else len(following))
+        try:
+            if self._members is None:
+                self._members = KeySet(self._client, self._keys.rdzv_participants(formed.number), lambda: None,
+                                       after=formed.revision)
+            members = self._members
+            lost = self._lost_members(formed, members)
+            if not self.someone_waits() or formed.size - lost >= self.limits.max_nodes:
+                return lost
+            following = self._keys.rdzv_participants(formed.number + 1)
+            count, _ = self._client.count_range(following, prefix_end(following))
+            return lost + max(count, 1)
+        except StoreError:
+            return 1  # cannot tell; a restart is the safe answer when membership may have changed
+
+    def someone_waits(self) -> bool:
+        """A node waits in the round after mine (its marker is in my control watch)."""
+        formed, control = self._current, self._control
+        return formed is not None and control is not None and self._keys.rdzv_waiting(formed.number + 1) in control
 
     def is_closed(self) -> bool:
         return self._client.get(self._keys.rdzv_closed) is not None
@@ -272,19 +330,21 @@ class Rounds:
     def set_closed(self) -> None:
         self._client.put(self._keys.rdzv_closed, "1")
 
-    def _drop_key(self) -> None:
+    def _drop_keys(self) -> None:
         joined, self._joined = self._joined, None
-        if joined is not None:
+        stale, self._roles = self._roles + ([joined[1]] if joined is not None else []), []
+        for key in stale:
             try:
-                self._client.delete(joined[1])
+                self._client.delete(key)
             except StoreError:
                 pass  # the lease will take it
 
     def leave(self) -> None:
         """Stop taking part: my keys vanish with my lease, the rendezvous stays open."""
-        self._stop_watching_round()
+        self.stop_watching()
         self._current = None
         self._joined = None
+        self._roles = []
         lease, self._lease = self._lease, None
         if lease is not None:
             lease.revoke()

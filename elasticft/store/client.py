@@ -9,7 +9,6 @@ watches delivered to a callback. Errors from the library become ``StoreError``
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -18,15 +17,10 @@ import pyetcd
 from pyetcd import exceptions as etcd_exceptions
 from pyetcd.events import DeleteEvent
 
+from elasticft.store.errors import StoreError, StoreUnavailable
+from elasticft.store.lease import Lease, LeaseKeeper
+
 log = logging.getLogger(__name__)
-
-
-class StoreError(RuntimeError):
-    """An etcd request failed."""
-
-
-class StoreUnavailable(StoreError):
-    """etcd could not be reached at the configured endpoint."""
 
 
 @dataclass(frozen=True)
@@ -91,43 +85,6 @@ _UNAVAILABLE = (
 )
 
 
-class Lease:
-    """An etcd lease refreshed by a daemon thread every ``ttl / 3`` seconds.
-
-    If refreshing keeps failing for longer than the TTL the lease is gone on the
-    server too; ``lost`` is then set so the owner can react.
-    """
-
-    def __init__(self, client: "EtcdClient", ttl: float):
-        self._client = client
-        self.ttl = max(1, int(round(ttl)))
-        self._lease = client._call(lambda c: c.lease(self.ttl))
-        self.id: int = self._lease.id
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._keep_alive, name="eft-lease", daemon=True)
-        self._thread.start()
-
-    def _keep_alive(self) -> None:
-        period = self.ttl / 3.0
-        while not self._stop.wait(period):
-            try:
-                responses = self._client._call(lambda c: self._lease.refresh())
-                if responses and responses[0].TTL <= 0:
-                    log.error("etcd lease %x expired on the server", self.id)
-                    self.lost.set()
-                    return
-            except StoreError as exc:
-                log.warning("could not refresh etcd lease %x: %s", self.id, exc)
-
-    def revoke(self) -> None:
-        self._stop.set()
-        try:
-            self._client._call(lambda c: self._lease.revoke())
-        except StoreError as exc:
-            log.warning("could not revoke etcd lease %x: %s", self.id, exc)
-
-
 class EtcdClient:
     def __init__(self, options: StoreOptions):
         self.options = options
@@ -152,6 +109,7 @@ class EtcdClient:
             raise StoreUnavailable(f"etcd at {options.endpoints} is unreachable") from exc
         except (etcd_exceptions.Etcd3Exception, grpc.RpcError) as exc:
             raise StoreError(f"cannot connect to etcd at {options.endpoints}: {exc}") from exc
+        self._keeper = LeaseKeeper(self)
 
     def _call(self, fn):
         try:
@@ -190,6 +148,13 @@ class EtcdClient:
         """All keys under ``prefix`` and the store revision they were read at."""
 
         response = self._call(lambda c: c.get_prefix_response(prefix))
+        items = [KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease, kv.create_revision)
+                 for kv in response.kvs]
+        return items, response.header.revision
+
+    def get_range(self, start: str, end: str) -> tuple[list[KeyValue], int]:
+        """All keys in [start, end) and the store revision they were read at."""
+        response = self._call(lambda c: c.get_range_response(start, end))
         items = [KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease, kv.create_revision)
                  for kv in response.kvs]
         return items, response.header.revision
@@ -234,13 +199,29 @@ class EtcdClient:
         response = self._call(lambda c: c.put(key, value, lease=lease.id if lease else None))
         return response.header.revision
 
-    def create(self, key: str, value: bytes | str, lease: Lease | None = None) -> bool:
-        """Write ``key`` only if it does not exist; True if this call created it."""
+    def put_and_delete(self, key: str, value: bytes | str, lease: Lease | None, delete: list[str]) -> int:
+        """Put ``key`` and delete the keys in ``delete``, atomically (one request); the revision."""
+
+        def txn(c):
+            _, responses = c.transaction(
+                compare=[],
+                success=[c.transactions.put(key, value, lease.id if lease else None)]
+                + [c.transactions.delete(k) for k in delete],
+                failure=[],
+            )
+            return responses[0].response_put.header.revision
+
+        return self._call(txn)
+
+    def create(self, key: str, value: bytes | str, lease: Lease | None = None, delete: tuple[str, ...] = ()) -> bool:
+        """Write ``key`` only if it does not exist (then also delete the keys in ``delete``,
+        in the same transaction); True if this call created it."""
 
         def txn(c):
             ok, _ = c.transaction(
                 compare=[c.transactions.create(key) == 0],
-                success=[c.transactions.put(key, value, lease.id if lease else None)],
+                success=[c.transactions.put(key, value, lease.id if lease else None)]
+                + [c.transactions.delete(k) for k in delete],
                 failure=[],
             )
             return ok
@@ -331,6 +312,17 @@ class EtcdClient:
 
         Returns a function that cancels the watch.
         """
+        return self.watch_range(prefix, prefix_end(prefix), on_events, start_revision, on_error)
+
+    def watch_range(
+        self,
+        start: str,
+        end: str,
+        on_events: Callable[[list[WatchEvent]], None],
+        start_revision: int | None = None,
+        on_error: Callable[[Exception], None] | None = None,
+    ) -> Callable[[], None]:
+        """``watch_prefix`` for the keys in [start, end)."""
 
         def callback(response):
             if isinstance(response, Exception) or response is None:
@@ -350,15 +342,21 @@ class EtcdClient:
                 on_events(events)
 
         watch_id = self._call(
-            lambda c: c.add_watch_prefix_callback(prefix, callback, start_revision=start_revision)
+            lambda c: c.add_watch_callback(start, callback, range_end=end, start_revision=start_revision)
         )
         return lambda: self._call(lambda c: c.cancel_watch(watch_id))
 
     def close(self) -> None:
+        self._keeper.stop()
         try:
             self._etcd.close()
         except Exception:  # closing a broken channel must not hide the real error
             pass
+
+
+def prefix_end(prefix: str) -> str:
+    """The first key after every key under ``prefix`` (etcd's range end for a prefix)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def connect(options: StoreOptions, check: bool = True) -> EtcdClient:

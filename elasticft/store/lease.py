@@ -1,0 +1,117 @@
+"""etcd leases, all of one client's kept alive by one thread and one stream per period.
+
+A node agent holds a few leases (its node record, its rendezvous keys) and a scale
+bench holds hundreds per process. A thread and a fresh keep-alive stream per lease
+per period would cost one gRPC stream each, every ``ttl / 3`` seconds; here one
+thread sends the keep-alives of every lease of the client in one stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import grpc
+from pyetcd import etcdrpc
+
+from elasticft.store.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+
+class Lease:
+    """An etcd lease kept alive by its client's ``LeaseKeeper`` every ``ttl / 3`` seconds.
+
+    If etcd answers that the lease is gone (it expired while refreshes could not
+    reach etcd), ``lost`` is set so the owner can react.
+    """
+
+    def __init__(self, client, ttl: float):
+        self._client = client
+        self.ttl = max(1, int(round(ttl)))
+        self._lease = client._call(lambda c: c.lease(self.ttl))
+        self.id: int = self._lease.id
+        self.lost = threading.Event()
+        client._keeper.add(self)
+
+    def revoke(self) -> None:
+        self._client._keeper.remove(self)
+        try:
+            self._client._call(lambda c: self._lease.revoke())
+        except StoreError as exc:  # the TTL ends it anyway
+            log.warning("could not revoke etcd lease %x: %s", self.id, exc)
+
+
+def _keep_alive(c, ids: list[int]) -> dict[int, int]:
+    """One LeaseKeepAlive stream carrying every id; lease id -> TTL etcd granted (<= 0: gone)."""
+    requests = [etcdrpc.LeaseKeepAliveRequest(ID=i) for i in ids]
+    try:
+        answers = c.leasestub.LeaseKeepAlive(iter(requests), c.timeout, credentials=c.call_credentials,
+                                             metadata=c.metadata)
+        return {answer.ID: answer.TTL for answer in answers}
+    except grpc.RpcError as exc:
+        c._manage_grpc_errors(exc)  # pyetcd's own mapping: fails the endpoint over, raises its error
+        raise
+
+
+class LeaseKeeper:
+    """The one thread that refreshes every live lease of a client."""
+
+    def __init__(self, client):
+        self._client = client
+        self._leases: dict[int, Lease] = {}
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def add(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases[lease.id] = lease
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="eft-leases", daemon=True)
+                self._thread.start()
+            self._changed.notify_all()
+
+    def remove(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases.pop(lease.id, None)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            self._changed.notify_all()
+
+    def _period(self) -> float | None:
+        return min(lease.ttl for lease in self._leases.values()) / 3.0 if self._leases else None
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        with self._lock:
+            while not self._stopped:
+                period, now = self._period(), time.monotonic()
+                if period is None or now < last + period:
+                    # a lease added or removed only changes when the next refresh is due
+                    self._changed.wait(None if period is None else last + period - now)
+                    continue
+                last = now
+                leases = dict(self._leases)
+                self._lock.release()
+                try:
+                    self._refresh(leases)
+                finally:
+                    self._lock.acquire()
+
+    def _refresh(self, leases: dict[int, Lease]) -> None:
+        try:
+            granted = self._client._call(lambda c: _keep_alive(c, list(leases)))
+        except StoreError as exc:
+            log.warning("could not refresh %d etcd lease(s): %s", len(leases), exc)
+            return
+        for lease_id, lease in leases.items():
+            ttl = granted.get(lease_id)
+            if ttl is not None and ttl <= 0:
+                log.error("etcd lease %x expired on the server", lease_id)
+                self.remove(lease)
+                lease.lost.set()
