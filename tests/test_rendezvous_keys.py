@@ -15,9 +15,11 @@ import sys
 import textwrap
 import time
 import uuid
+from datetime import timedelta
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousParameters,
@@ -99,6 +101,21 @@ def test_a_late_node_waits_and_the_members_take_it_in_at_the_next_round(rendezvo
         again = join_all(members)
         infos = again + [joined.result(timeout=30)]
     assert sorted(i.rank for i in infos) == [0, 1, 2] and {i.world_size for i in infos} == {3}
+
+
+def test_a_new_round_gives_the_workers_a_bootstrap_store_with_nothing_of_the_last(rendezvous):
+    # the next generation of workers must not read the last one's keys (gloo addresses
+    # carry no generation: a survivor would dial the rank it replaced, dead or not)
+    make = rendezvous(2, 2)
+    handlers = [make(), make()]
+    infos = join_all(handlers)
+    first = next(i for i in infos if i.rank == 0).bootstrap_store_info
+    old = dist.TCPStore(first.master_addr, first.master_port, is_master=False, timeout=timedelta(seconds=10))
+    old.set("rank_1", b"the address of a worker that is gone")
+    again = join_all(handlers)
+    second = next(i for i in again if i.rank == 0).bootstrap_store_info
+    fresh = dist.TCPStore(second.master_addr, second.master_port, is_master=False, timeout=timedelta(seconds=10))
+    assert not fresh.check(["rank_1"])
 
 
 def test_a_node_beyond_max_is_redundant_until_a_member_leaves(rendezvous):

@@ -232,7 +232,7 @@ def test_the_round_store_is_shared_and_prefixed_by_run_id_and_round(run):
     assert infos[1].store.underlying_store.get(f"torch.rendezvous.{run.run_id}.0/hello") == b"world"
 
 
-def test_next_rendezvous_again_starts_a_new_round_with_a_fresh_store_and_the_same_bootstrap(run):
+def test_next_rendezvous_again_starts_a_new_round_with_a_fresh_store(run):
     handler = run.handler(1, 1)
     infos = []
     for number in range(3):
@@ -242,7 +242,9 @@ def test_next_rendezvous_again_starts_a_new_round_with_a_fresh_store_and_the_sam
         infos[-1].store.set("key", str(number))
     for number, info in enumerate(infos):
         assert info.store.underlying_store.get(f"torch.rendezvous.{run.run_id}.{number}/key") == str(number).encode()
-    assert len({bootstrap_of(i) for i in infos}) == 1  # rank 0 keeps hosting one server
+    # torch's rank 0 keeps hosting one server; eft's hosts a new one every round, or the next
+    # generation of workers would read the gloo addresses of the last (issue 22's node-loss bench)
+    assert len({bootstrap_of(i) for i in infos}) == (3 if run.subject.name == "eft" else 1)
 
 
 # -- the workers' bootstrap store -------------------------------------------------------------------

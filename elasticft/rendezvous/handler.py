@@ -117,9 +117,12 @@ class EtcdRendezvousHandler(RendezvousHandler):
         if self.use_agent_store:
             server_port = 0
             if formed.rank == 0:
-                if self._tcp_store_server is None:
-                    self._tcp_store_server = dist.TCPStore(host_name=self._addr, port=0, is_master=True,
-                                                           multi_tenant=True)
+                # A new server every round: the workers' keys carry no generation (torch
+                # relies on a new store per retry), so on the old one a new rank would read
+                # the gloo address of the rank it replaces, dead or not. The old workers are
+                # stopped by now; dropping the old server closes it.
+                self._tcp_store_server = dist.TCPStore(host_name=self._addr, port=0, is_master=True,
+                                                       multi_tenant=True)
                 server_port = self._tcp_store_server.port
         bootstrap = RendezvousStoreInfo.build(formed.rank, store, local_addr=self._addr, server_port=server_port)
         return RendezvousInfo(store, formed.rank, formed.size, bootstrap)

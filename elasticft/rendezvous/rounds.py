@@ -11,8 +11,9 @@ A round ``r`` is formed like this (keys in ``contract/keys.py``):
   under its lease: if it dies the key goes and another waiting node takes the role).
   It watches the participants; once the previous round has no participant left
   (torch's rule: a new round starts when every member of the last one has left it)
-  and ``min_nodes`` are there, it waits ``last_call`` for more (none at ``max_nodes``)
-  and creates ``rdzv/ctl/decision/<r>`` = ``{"revision": R, "size": n}``: the
+  and ``min_nodes`` are there, it waits ``last_call`` for more (not at ``max_nodes``,
+  nor after the first round: once every live member of the round before is here, a lost
+  node costs its lease TTL only, and a newcomer is taken in at the next round) and creates ``rdzv/ctl/decision/<r>`` = ``{"revision": R, "size": n}``: the
   participants are the keys that existed at revision R;
 * when the decision reaches a node through its watch, its rank is the number of
   participant keys sorting before its own at revision R: one count-only range read,
@@ -237,7 +238,10 @@ class Rounds:
                 wake_at = deadline
                 if mine is not None and (previous is None or len(previous) == 0):
                     count = len(mine)
-                    if count >= self.limits.max_nodes:
+                    # after the first round, the round before is empty once each of its live
+                    # members is here: no one else to wait for, so no last call (a lost node
+                    # costs its lease TTL, not TTL + last call; a newcomer comes next round)
+                    if count >= self.limits.max_nodes or (previous is not None and count >= self.limits.min_nodes):
                         self._close(number)
                         continue
                     if count >= self.limits.min_nodes:
@@ -263,7 +267,7 @@ class Rounds:
     def _start_watching_round(self, formed: Round) -> None:
         # the watch on the round's keys is made at the first waiting() call: it starts
         # from R + 1 whenever it is made, so nothing is missed, and the workers start
-        # one watch creation sooner (etcd answers those one at a time per connection)
+        # one watch creation sooner (the client library makes watches one at a time per connection)
         self._current = formed
         self._member_lost = {}
 
@@ -306,6 +310,9 @@ class Rounds:
         if formed is None or control is None:
             return 0
         try:
+            control = self._watch_control()  # made anew if its watch broke (etcd restarted)
+            if self._members is not None and self._members.broken:
+                self._stop_watching_round()  # made anew below, from the same revision
             if self._members is None:
                 self._members = KeySet(self._client, self._keys.rdzv_participants(formed.number), lambda: None,
                                        after=formed.revision)
@@ -317,7 +324,10 @@ class Rounds:
             count, _ = self._client.count_range(following, prefix_end(following))
             return lost + max(count, 1)
         except StoreError:
-            return 1  # cannot tell; a restart is the safe answer when membership may have changed
+            # etcd out of reach is not a membership change: restarting every node for it
+            # would let the control plane stop training (a lost node's lease expiry is seen
+            # once etcd answers again, and eft's agent watches node leases as well)
+            return 0
 
     def someone_waits(self) -> bool:
         """A node waits in the round after mine (its marker is in my control watch)."""
