@@ -40,18 +40,19 @@ def row(r) -> list:
             v(int(idle.requests)), v(idle.revision)]
 
 
-def simulated(sizes: list[int], designs: list[str], cap: float, idle: float, per_process: int) -> None:
+def simulated(sizes: list[int], designs: list[str], cap: float, idle: float, per_process: int,
+              lease_ttl: float) -> None:
     rows = []
     with EmbeddedEtcd() as etcd:
         for n in sizes:
             for design in designs:
-                result = simulate_round(design, n, etcd.endpoint, cap=cap, idle=idle,
+                result = simulate_round(design, n, etcd.endpoint, cap=cap, idle=idle, lease_ttl=lease_ttl,
                                         processes=-(-n // per_process))
                 rows.append(row(result))
                 print("  ".join(str(c) if not isinstance(c, float) else f"{c:.2f}" for c in rows[-1]), flush=True)
     print()
     print(f"one round of N simulated agents (threads, up to {per_process} per process; c10d: one process), "
-          f"no workers, one etcd; idle over {idle:g} s, per minute")
+          f"no workers, one etcd, lease TTL {lease_ttl:g} s; idle over {idle:g} s, per minute")
     print("CAS lost counts every compare-and-swap that lost, the agents' c10d store included")
     print(table(HEADERS, rows))
 
@@ -87,13 +88,15 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=10.0, help="seconds of idle traffic measured after the round")
     parser.add_argument("--agents-per-process", type=int, default=128,
                         help="simulated agents per process (threads); more agents are spread over more processes")
+    parser.add_argument("--lease-ttl", type=float, default=3.0,
+                        help="the agents' lease TTL (eft's default 3 s; keep-alives every TTL/3)")
     parser.add_argument("--real", default="", help="agent counts for real runs with workers (e.g. 2,8,32)")
     args = parser.parse_args()
     if args.real:
         real([int(s) for s in args.real.split(",")])
         return
     simulated([int(s) for s in args.sizes.split(",")], args.designs.split(","), args.cap, args.idle,
-              args.agents_per_process)
+              args.agents_per_process, args.lease_ttl)
 
 
 if __name__ == "__main__":
