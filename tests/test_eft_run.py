@@ -2,7 +2,6 @@
 
 import json
 import os
-import pickle
 import signal
 import subprocess
 import time
@@ -179,9 +178,9 @@ def test_every_eft_flag_is_documented_in_the_readme():
 
 
 def redundant_pids(etcd, keys: RunKeys) -> set[int]:
-    """The pids of the agents on the rendezvous' redundancy list (torch's pickled state)."""
-    found = etcd.get(keys.rdzv_state)
-    return {node.pid for node in pickle.loads(found.value).redundancy_list} if found else set()
+    """The pids of the agents waiting beyond --nnodes' maximum: their participant keys in
+    round 1 (round 0 formed full), named ``<addr>_<pid>_<n>`` as torch names a node."""
+    return {int(key.rsplit("/", 1)[1].split("_")[-2]) for key in etcd.keys_with_prefix(keys.rdzv_participants(1))}
 
 
 @pytest.mark.slow
