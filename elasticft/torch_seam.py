@@ -165,18 +165,6 @@ def agent_class_swapped(factory: Callable[..., LocalElasticAgent]) -> Iterator[N
 # -- the dynamic rendezvous ----------------------------------------------------------
 
 
-def forget_bootstrap_store(handler: DynamicRendezvousHandler) -> None:
-    """Make the handler publish this round's master address instead of the first round's.
-
-    torch's dynamic rendezvous caches the workers' store address (hosted by the rank-0
-    agent) from its first round in ``_bootstrap_store_info`` and rebuilds it only on a
-    node that becomes rank 0. If the old rank 0 was the node that was lost, the other
-    survivors would send their workers to a dead store. Forgetting the cache before
-    each round makes every round build it anew.
-    """
-    _replace_attribute(handler, "_bootstrap_store_info", None)
-
-
 def rendezvous_round(handler: DynamicRendezvousHandler) -> int:
     """The round of the rendezvous this node joined last (read right after it joined).
 

@@ -197,13 +197,6 @@ def test_torch_drops_an_aged_node_at_its_next_sync():
     assert dynamic_handler(MemoryBackend(state, lost={("host-a", 11)})).num_nodes_waiting() == 1
 
 
-def test_forget_bootstrap_store_clears_torchs_cached_master_address():
-    handler = dynamic_handler()
-    handler._bootstrap_store_info = object()  # what torch caches after the first round
-    torch_seam.forget_bootstrap_store(handler)
-    assert handler._bootstrap_store_info is None
-
-
 def test_stop_heartbeats_stops_the_keep_alive_thread_and_leaves_the_rendezvous_open():
     backend = MemoryBackend()
     handler = dynamic_handler(backend)
@@ -235,10 +228,6 @@ def test_rendezvous_round_is_the_round_torch_says_this_node_joined(monkeypatch):
 def test_a_missing_private_name_fails_loudly_and_names_it():
     with pytest.raises(TorchSeamError, match=r"^torch \S+: object has no attribute '_stop_heartbeats'; "):
         torch_seam.stop_heartbeats(object())
-    moved = SimpleNamespace()
-    with pytest.raises(TorchSeamError, match="_bootstrap_store_info"):
-        torch_seam.forget_bootstrap_store(moved)
-    assert not hasattr(moved, "_bootstrap_store_info")  # not set either
 
 
 def test_parse_rendezvous_config_is_torchruns():

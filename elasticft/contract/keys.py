@@ -139,10 +139,15 @@ class RunKeys:
         """Present once the rendezvous is closed (the job is over): no round forms again."""
         return self.rdzv_control + "closed"
 
+    @property
+    def rdzv_decisions(self) -> str:
+        """Prefix of the rounds' closing decisions (the last few are kept)."""
+        return self.rdzv_control + "decision/"
+
     def rdzv_decision(self, round_: int) -> str:
         """Round ``round_``'s closing decision, created once by the node that closes it:
         JSON ``{"revision": R, "size": n}``: its participants are the keys present at R."""
-        return f"{self.rdzv_control}decision/{round_}"
+        return f"{self.rdzv_decisions}{round_}"
 
     def rdzv_closer(self, round_: int) -> str:
         """The node that closes round ``round_`` (created if absent, under its lease: when it

@@ -141,7 +141,7 @@ class Rounds:
         return decided is not None and int(json.loads(decided)["size"]) >= self.limits.max_nodes
 
     def _first_undecided(self, control: KeySet) -> int:
-        decided = [_round_of(k) for k in control.snapshot() if k.startswith(self._keys.rdzv_decision(0)[:-1])]
+        decided = [_round_of(k) for k in control.snapshot() if k.startswith(self._keys.rdzv_decisions)]
         return max(decided, default=-1) + 1
 
     def _enter(self, number: int) -> int:
