@@ -53,8 +53,10 @@ def test_report_matches_the_run_and_the_simulator_replays_it(tmp_path):
     steps = [r for r in read_jsonl(tmp_path / "train.jsonl") if r["event"] == "iteration"]
     assert max(r["iteration"] for r in steps) == 30 and report.generations[-1].iteration == 30
     assert sum(report.seconds.values()) == pytest.approx(report.paid, rel=1e-9)
-    # The steps the report calls productive or re-done are the steps the log shows, in number.
-    assert sum(g.steps + 1 for g in report.generations) == len(steps)
+    # The steps the report calls productive or re-done are the steps the log shows, in number;
+    # a killed generation's last heartbeat may miss its last step (see above): one per failure.
+    counted = sum(g.steps + 1 for g in report.generations)
+    assert len(steps) - len(report.failures) <= counted <= len(steps)
     assert report.finished and report.seconds["rework"] > 0 and report.seconds["detection"] > 0
 
     # The simulator, given this run's costs and failure times, over the same window.
