@@ -100,3 +100,15 @@ RUN_LAST = ("test_rendezvous_torch_contract.py",)
 
 def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: item.path.name in RUN_LAST)  # stable: order otherwise kept
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A private one-host SLURM cluster (nodes n1..n4) for the session; skips where it cannot run."""
+    from tests.slurm_cluster import SlurmCluster, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
