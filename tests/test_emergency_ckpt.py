@@ -14,6 +14,7 @@ import pytest
 from bench.launch import wait_for, worker_events
 from elasticft.agent.ckpt_protocol import CheckpointProtocol
 from elasticft.agent.events import EventLog
+from elasticft.contract.exit_codes import ExitCode
 
 pytestmark = pytest.mark.slow
 
@@ -133,9 +134,10 @@ def test_preemption_signal_to_eft_run_saves_and_exits_within_the_grace(tmp_path,
     saves = saves_at(out, 1)
     assert len({s["iteration"] for s in saves}) == 1
     assert len(worker_events(out, "exit")) == RANKS
-    # SIGUSR1 is a warning the agent forwards: the workers finish and so does the job.
-    # SIGTERM stops the agent itself (torch's behaviour), after the workers saved.
-    assert code == (0 if sig == signal.SIGUSR1 else 128 + signal.SIGTERM), job.output()
+    # SIGUSR1 is a warning the agent forwards; SIGTERM stops the agent itself (torch's
+    # behaviour). Either way the workers saved first: "requeue me", not "finished".
+    assert code == ExitCode.REQUEUE, job.output()
+    assert f"exit status {int(ExitCode.REQUEUE)}, requeue to go on" in job.output()
 
 
 def test_signal_mode_turns_a_request_into_sigterm_and_restarts_the_workers(tmp_path, eft_job, etcd_server, run_keys):

@@ -69,11 +69,13 @@ from elasticft.agent.restart_budget import BudgetExhausted, RestartBudget, faile
 from elasticft.agent.segments import StopRecorder
 from elasticft.agent.services import AgentServices, WorkerProbe
 from elasticft.contract.events import EventKind
+from elasticft.contract.progress import read_progress
 from elasticft.contract.records import layout_record
 from elasticft.contract.run_dir import WorkerEnv
 from elasticft.knobs import env_name
 from elasticft.rendezvous.backend import rendezvous_round
 from elasticft.settings import Settings
+from elasticft.slurm.worker_env import slurm_worker_env
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,9 @@ class FTElasticAgent(LocalElasticAgent):
         self._pending: Decision = REPORT
         self._rounds = 0
         self.membership_restarts = 0
+        # Why this node's workers last agreed to save and exit (None: they did not), read
+        # from their heartbeats when the agent ends: eft-run's exit status (ExitCode.after_stop).
+        self.stop_reason: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -173,6 +178,7 @@ class FTElasticAgent(LocalElasticAgent):
         if self._hangs is not None:
             self._hangs.close()
         self._record_job_end(clean, stopped_by)
+        self.stop_reason = next((r.stop_reason for r in read_progress(self._run_dir).values() if r.stop_reason), None)
         self._ckpt.close()
         if self._ctx is not None:
             if clean:
@@ -288,6 +294,12 @@ class FTElasticAgent(LocalElasticAgent):
             torch_seam.forget_worker_processes(self)
             return {}
         return super()._start_workers(worker_group)
+
+    def _set_local_rank_env(self, worker_env: dict, local_rank: int, spec: WorkerSpec) -> None:
+        """torch fills one worker's variables here (a step in torch_seam.AGENT_STEPS):
+        under SLURM the worker's SLURM_PROCID etc. become its own, not its agent's."""
+        super()._set_local_rank_env(worker_env, local_rank, spec)
+        worker_env.update(slurm_worker_env(worker_env, os.environ))
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         """Stop the workers with the signal the last decision chose (SIGTERM by default).

@@ -28,6 +28,7 @@ class EtcdTarget:
 
     store: StoreOptions
     keys: RunKeys
+    attempt: str = ""  # which launch this agent belongs to (NodeRecord.attempt; rendezvous/reuse.py)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class AgentContext:
             pid=os.getpid(),
             gpus=list(range(gpus)),
             domain=domain,
+            attempt=target.attempt,
         )
         membership = Membership(client, target.keys)
         node = NodeLease(client, target.keys, record, ttl)

@@ -44,6 +44,7 @@ class ProgressRecord:
     steps: int = 0  # completed steps
     totals: dict[str, float] = field(default_factory=dict)  # section -> seconds spent in it, closed ones
     stalls: dict[str, float] = field(default_factory=dict)  # tier -> seconds steps waited for background saves
+    stop_reason: str | None = None  # the job agreed to save and exit for this (elasticft.worker.vote.SAVE_REASONS)
 
     @classmethod
     def from_json(cls, record: Any) -> "ProgressRecord":
@@ -71,6 +72,7 @@ class ProgressRecord:
             steps=int(record.get("steps") or 0),
             totals={str(k): float(v) for k, v in dict(record.get("totals") or {}).items()},
             stalls={str(k): float(v) for k, v in dict(record.get("stalls") or {}).items()},
+            stop_reason=_optional(record.get("stop_reason"), str),
         )
 
 

@@ -48,6 +48,7 @@ class NodeRecord:
     state: NodeState = NodeState.RUNNING
     started: float = field(default_factory=time.time)
     domain: str = ""  # failure domain (--eft-node-label): memory checkpoint replicas go to other domains
+    attempt: str = ""  # the launch it belongs to: SLURM "<job>.r<restart>"; run id 'none': "cmd-<digest>"
 
     def __post_init__(self) -> None:
         self.state = NodeState(self.state)

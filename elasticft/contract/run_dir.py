@@ -34,6 +34,7 @@ class WorkerEnv(enum.StrEnum):
 
     RUN_DIR = "EFT_RUN_DIR"  # the run directory; unset: not under eft-run, the hook is inert
     START_TIME = "EFT_START_TIME"  # the job's start (the first agent's clock), for exit-duration
+    DEADLINE = "EFT_DEADLINE"  # unix time to save and exit by (SLURM's time limit less the margin)
     INJECT = "EFT_INJECT"  # faults to inject (``--eft-inject``)
     MEM_DIR = "EFT_MEM_CKPT_WRITE_DIR"  # where this generation's memory snapshots go (``contract.memory``)
     NODE_ID = "EFT_NODE_ID"  # the agent's node id (``--eft-node-id``): numeric faults implicate nodes by it

@@ -290,6 +290,23 @@ class EtcdClient:
 
         return self._call(txn)
 
+    def delete_if_unchanged_with(self, key: str, mod_revision: int, prefixes: tuple[str, ...] = (),
+                                 keys: tuple[str, ...] = ()) -> bool:
+        """Delete ``key``, every key under ``prefixes`` and ``keys``, in one transaction, only
+        if ``key``'s mod_revision is still ``mod_revision``; True if this call deleted them."""
+
+        def txn(c):
+            ok, _ = c.transaction(
+                compare=[c.transactions.mod(key) == mod_revision],
+                success=[c.transactions.delete(key)]
+                + [c.transactions.delete(p, range_end=prefix_end(p)) for p in prefixes]
+                + [c.transactions.delete(k) for k in keys],
+                failure=[],
+            )
+            return ok
+
+        return self._call(txn)
+
     def delete(self, key: str) -> bool:
         return bool(self._call(lambda c: c.delete(key)))
 

@@ -59,7 +59,10 @@ def free_port() -> int:
 def _die_with_parent() -> None:
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    # Ignore terminal Ctrl-C: the launcher stops us itself after its workers.
+    # A session of its own: signals for the job's process group (a terminal's Ctrl-C, a
+    # scheduler's killpg) reach the launcher, not etcd; the launcher stops etcd last,
+    # after its workers' final save, which may still need it.
+    os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 

@@ -94,6 +94,7 @@ class Hook:
         self._outbox = Outbox(self.run_dir) if self._leader else None
         self._signals = ExitSignals(self.config.signals())
         self._deadline = self._exit_deadline()
+        self._slurm_deadline = self._time_limit()
         self._seen: set[int] = set()  # requests this rank has read
         self._covered: set[int] = set()  # requests a save of the job covered
         self._filtered: dict[int, tuple[int, int | None]] = {}  # dropped: (iteration, last saved)
@@ -136,6 +137,12 @@ class Hook:
         start = convert("start_time", raw, 0.0, WorkerEnv.START_TIME.value) if raw else time.time()
         return start + minutes * 60
 
+    @staticmethod
+    def _time_limit() -> float | None:
+        """When to save and exit ahead of the job's time limit (SLURM), if the agent set one."""
+        raw = os.environ.get(WorkerEnv.DEADLINE, "")
+        return convert("deadline", raw, 0.0, WorkerEnv.DEADLINE.value) if raw else None
+
     # -- every iteration -------------------------------------------------------------
 
     def skips(self, iteration: int) -> bool:
@@ -166,6 +173,8 @@ class Hook:
             self._want(vote, "signal", exit=True)
         if self._deadline is not None and time.time() >= self._deadline:
             self._want(vote, "exit_duration", exit=True)
+        if self._slurm_deadline is not None and time.time() >= self._slurm_deadline:
+            self._want(vote, "deadline", exit=True)
         for ballot in self._ballots:
             vote += ballot.mine(iteration)
         agreed = self._vote(vote)
@@ -181,6 +190,8 @@ class Hook:
         agreed = agreed[:FILTERED + 1]
         vote = vote[:FILTERED + 1]
         self._latest = self._settle(iteration, request, vote, agreed)
+        if self._latest.exit:
+            self.progress.stopping(self._latest.reason)  # tells the agent why the workers will exit
         if self._latest.save and not self._auto_checkpointing:
             # The save the loop is about to make is timed as checkpointing; saved() ends it.
             self._auto_checkpointing = True

@@ -65,6 +65,7 @@ class ProgressWriter:
         self.first_step: float | None = None
         self.first_iteration: int | None = None
         self.steps = 0
+        self.stop_reason: str | None = None  # why the job agreed to save and exit (then the rank ends)
         self.stalls: dict[str, float] = {}  # tier -> seconds a step waited for a background save
         self.longest: dict[str, float] = {}
         self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
@@ -130,6 +131,11 @@ class ProgressWriter:
     def add_stall(self, tier: str, seconds: float) -> None:
         self.stalls[tier] = self.stalls.get(tier, 0.0) + seconds
 
+    def stopping(self, reason: str) -> None:
+        """The job agreed to save and exit for ``reason``: say so before the process ends."""
+        self.stop_reason = reason
+        self.write()
+
     def close(self) -> None:
         """Training is over: the rest of the process's life is ``other``."""
         now = self._clock()
@@ -157,6 +163,7 @@ class ProgressWriter:
             "steps": self.steps,
             "totals": self.totals,
             "stalls": self.stalls,
+            "stop_reason": self.stop_reason,
         }
 
     def write(self) -> None:

@@ -23,7 +23,8 @@ from elasticft.contract.records import RequestReason
 # reasons that always end the job last. "request" stands for a request reason this
 # version does not know.
 SAVE_REASONS = ("request", RequestReason.RISK.value, RequestReason.WATCHDOG.value, RequestReason.MANUAL.value,
-                "save_switch", RequestReason.SIGNAL.value, "exit_duration", "kill_switch")
+                "save_switch", RequestReason.SIGNAL.value, "exit_duration", "deadline",
+                "kill_switch")
 CODE = {reason: code for code, reason in enumerate(SAVE_REASONS)}
 SAVE, EXIT, REASON, HONOURED, FILTERED = range(5)  # slots of the vote
 

@@ -1,0 +1,177 @@
+"""eft under a real SLURM: the example batch scripts submitted with sbatch to a private
+one-host cluster (tests/slurm_cluster.py, nodes n1..n4), judged from the checkpoints,
+the job's output and SLURM's own record of the job."""
+
+import os
+import re
+import signal
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bench.launch import ROOT, wait_for
+from elasticft.contract.exit_codes import ExitCode
+
+pytestmark = pytest.mark.slow
+
+TRAIN = ROOT / "examples" / "slurm" / "train.sbatch"
+ARRAY = ROOT / "examples" / "slurm" / "array.sbatch"
+LOOP = ROOT / "examples" / "minimal_train.py"
+# Under SLURM's KillWait (10 s on the test cluster): a SIGTERM save must end before SIGKILL.
+GRACE = ("--eft-shutdown-grace", "8")
+
+
+def loop(ckpt: Path, steps: int, step_seconds: float = 0.05, save_interval: int = 10) -> list[str]:
+    return [str(LOOP), "--steps", str(steps), "--step-seconds", str(step_seconds), "--save", str(ckpt),
+            "--save-interval", str(save_interval)]
+
+
+def text(out: Path) -> str:
+    return out.read_text(errors="replace") if out.exists() else ""
+
+
+def latest(ckpt: Path) -> int:
+    return int((ckpt / "latest_checkpointed_iteration.txt").read_text())
+
+
+def started_at(out: Path) -> list[tuple[int, int]]:
+    """(world size, step) of every start of the loop, in order."""
+    return [(int(w), int(s)) for w, s in re.findall(r"world size (\d+), starting at step (\d+)", text(out))]
+
+
+def saves(out: Path) -> list[int]:
+    return [int(s) for s in re.findall(r"^step (\d+) loss .* \(saved", text(out), re.M)]
+
+
+def submit_train(cluster, tmp_path: Path, *eft_args: str, nodes: int = 2, **opts) -> tuple[str, Path]:
+    out = tmp_path / "train.out"
+    job = cluster.sbatch(TRAIN, *GRACE, *eft_args, nodes=nodes, output=out, chdir=tmp_path, **opts)
+    return job, out
+
+
+def test_usr1_to_the_batch_shell_saves_stops_with_4_and_the_requeued_attempt_resumes(slurm_cluster, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    job, out = submit_train(slurm_cluster, tmp_path, *loop(ckpt, 700))
+    wait_for(lambda: saves(out), 120, "the first save")
+    slurm_cluster.scancel(job, "--signal=USR1", "-b")  # what #SBATCH --signal=B:USR1@N does
+    done = slurm_cluster.wait(job, until=lambda j: j["JobState"] == "COMPLETED", timeout=240)
+    log = text(out)
+    stopped = int(re.search(r"stopped at step (\d+): signal", log).group(1))
+    assert f"eft-run exit status {int(ExitCode.REQUEUE)} (attempt 0)" in log, log[-3000:]
+    assert started_at(out) == [(2, 0), (2, stopped)]  # the requeued attempt resumed where the save was
+    assert "eft-run exit status 0 (attempt 1)" in log and latest(ckpt) == 700
+    assert done["Restarts"] == "1" and done["ExitCode"] == "0:0"
+    # each attempt its own run id, derived from the job without a flag
+    assert f"--rdzv-id slurm-{job}-r0, --nnodes 2" in log and f"--rdzv-id slurm-{job}-r1, --nnodes 2" in log
+
+
+def test_scontrol_requeue_resumes_under_the_job_id_as_run_id_on_an_external_etcd(slurm_cluster, tmp_path,
+                                                                                  etcd_server):
+    """The case that failed: --rdzv-id $SLURM_JOB_ID on a long-lived etcd; the requeued
+    attempt found the first one's closed rendezvous and exited 2."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "job.out"
+    script = tmp_path / "external.sbatch"
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        #SBATCH --requeue
+        #SBATCH --open-mode=append
+        exec eft-run --rdzv-backend etcd-v3 --rdzv-endpoint {etcd_server.endpoint} --rdzv-id "$SLURM_JOB_ID" \\
+             {' '.join(GRACE)} --eft-exit-duration-mins 10 --nproc-per-node 2 {' '.join(loop(ckpt, 500))}
+        """))
+    job = slurm_cluster.sbatch(script, output=out, chdir=tmp_path)
+    wait_for(lambda: saves(out), 120, "the first save")
+    slurm_cluster.requeue(job)
+    done = slurm_cluster.wait(job, until=lambda j: j["JobState"] == "COMPLETED", timeout=240)
+    starts = started_at(out)
+    assert len(starts) == 2 and starts[0] == (2, 0), text(out)[-3000:]
+    # the new attempt resumed from the newest checkpoint the first one committed (a save
+    # in the SIGTERM's grace, or the last periodic one)
+    assert starts[1] == (2, max(s for s in saves(out) if s < 500)) and latest(ckpt) == 500
+    assert "previous attempt ended; starting a new one" in text(out)  # the same run id, reset
+    assert done["Restarts"] == "1" and done["ExitCode"] == "0:0"
+
+
+def test_an_array_chains_each_task_saving_before_its_time_limit(slurm_cluster, tmp_path):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "array-%a.out"
+    job = slurm_cluster.sbatch(ARRAY, "--eft-deadline-margin-mins", "0.5", "--nproc-per-node", "2",
+                               *loop(ckpt, 100000), time="1", output=out, chdir=tmp_path)
+    slurm_cluster.wait(job, until=lambda j: len(tasks_over(slurm_cluster, job)) == 3, timeout=400)
+    outs = [tmp_path / f"array-{task}.out" for task in range(3)]
+    stops = [int(re.search(r"stopped at step (\d+): deadline", text(o)).group(1)) for o in outs]
+    assert [started_at(o)[0][1] for o in outs] == [0, *stops[:2]]  # each task starts where the last stopped
+    assert stops[0] < stops[1] < stops[2] == latest(ckpt)
+    assert all(f"exit status {int(ExitCode.REQUEUE)}, requeue to go on" in text(o) for o in outs)
+    assert {t["ExitCode"] for t in tasks_over(slurm_cluster, job)} == {f"{int(ExitCode.REQUEUE)}:0"}
+
+
+def tasks_over(cluster, job: str) -> list[dict]:
+    return [t for t in cluster.jobs(job) if t["JobState"] in ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED")]
+
+
+def test_two_jobs_at_once_each_train_their_own_run(slurm_cluster, tmp_path):
+    jobs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        jobs.append(submit_train(slurm_cluster, tmp_path / name, *loop(tmp_path / name / "ckpt", 150)))
+    for job, out in jobs:
+        done = slurm_cluster.wait(job, timeout=180)
+        assert done["ExitCode"] == "0:0", text(out)[-3000:]
+        assert started_at(out) == [(2, 0)] and latest(out.parent / "ckpt") == 150
+        assert f"--rdzv-id slurm-{job}-r0" in text(out)
+    assert jobs[0][0] != jobs[1][0]
+
+
+def test_workers_see_their_own_rank_in_slurms_variables(slurm_cluster, tmp_path):
+    probes = tmp_path / "env"
+    probes.mkdir()
+    job, out = submit_train(slurm_cluster, tmp_path, "--nproc-per-node", "2",
+                            str(ROOT / "tests" / "workers" / "env_probe.py"), str(probes))
+    assert slurm_cluster.wait(job, timeout=120)["ExitCode"] == "0:0", text(out)[-3000:]
+    import json
+    envs = [json.loads(p.read_text()) for p in sorted(probes.glob("env-*.json"))]
+    assert len(envs) == 4
+    for env in envs:
+        assert (env["SLURM_PROCID"], env["SLURM_LOCALID"], env["SLURM_NODEID"]) == \
+            (env["RANK"], env["LOCAL_RANK"], env["GROUP_RANK"])
+        assert (env["SLURM_NTASKS"], env["SLURM_NNODES"], env["SLURM_NTASKS_PER_NODE"]) == ("4", "2", "2")
+        assert "SLURM_GTIDS" not in env and env["SLURM_JOB_ID"] == job
+
+
+def test_a_lost_node_leaves_the_other_training_at_the_new_size(slurm_cluster, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    job, out = submit_train(slurm_cluster, tmp_path, "--nnodes", "1:2", *loop(ckpt, 600))
+    wait_for(lambda: saves(out), 120, "the first save")
+    killed = kill_node(job, "n2")
+    assert killed, "no process of the job on n2"
+    slurm_cluster.wait(job, timeout=240)
+    starts = started_at(out)
+    assert starts[0] == (2, 0) and starts[-1][0] == 1, text(out)[-3000:]
+    assert starts[-1][1] in saves(out)  # the survivor resumed from a committed checkpoint
+    assert latest(ckpt) == 600
+
+
+def kill_node(job: str, node: str) -> list[int]:
+    """SIGKILL every process of ``job`` on ``node`` (its agent and workers): the node is gone."""
+    killed = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={job}".encode() in env and f"SLURMD_NODENAME={node}".encode() in env:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+                killed.append(int(pid))
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+def test_eft_run_under_the_batch_shell_warns_that_batch_signals_miss_it(slurm_cluster, tmp_path):
+    out = tmp_path / "noexec.out"
+    script = tmp_path / "noexec.sbatch"
+    script.write_text(f"#!/bin/bash\neft-run --standalone {' '.join(loop(tmp_path / 'ckpt', 3))}\n")
+    assert slurm_cluster.wait(slurm_cluster.sbatch(script, output=out, chdir=tmp_path), timeout=120)["ExitCode"] \
+        == "0:0", text(out)
+    assert "eft-run runs under the batch shell (no `exec`)" in text(out)
