@@ -6,9 +6,13 @@
 
 Each srun task runs member ``SLURM_PROCID`` on its node; every agent computes the same
 endpoint from the allocation (elasticft/slurm/etcd_members.py), and eft-run waits for
-etcd at start, so the two steps need no ordering. The member ignores SLURM's preemption
-warnings (SIGUSR1/SIGUSR2: they are for the training, which may still need etcd to record
-its final save) and stops cleanly on SIGTERM or SIGINT.
+etcd at start, so the two steps need no ordering.
+
+Signals: the training may still need etcd to record its final save when SLURM signals
+the job, so a member ignores the preemption warnings (SIGUSR1, SIGUSR2) and, on SIGTERM
+(scancel, the time limit, a requeue: every process of the job gets it at once), keeps
+serving for ``--term-grace`` seconds before it stops; SLURM's KillWait ends it anyway.
+SIGINT stops it at once: what the batch script sends once its agents are done.
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from typing import NoReturn
 
 import typer
 
 from elasticft.slurm.etcd_members import Member, endpoint, initial_cluster, job_port, members
 from elasticft.store import EtcdNotFound, find_etcd
+from elasticft.store.server import stop_process
 
 
 def _fail(message: str) -> NoReturn:
@@ -48,12 +54,12 @@ def _chosen(slurm: bool, count: int, port: int, address: str) -> tuple[list[Memb
     return chosen, int(os.environ.get("SLURM_PROCID", "0"))
 
 
-def _serve(binary: str, me: Member, chosen: list[Member], data_dir: str) -> int:
-    stop = []
+def _serve(binary: str, me: Member, chosen: list[Member], data_dir: str, term_grace: float) -> int:
+    stop_at = [float("inf")]  # monotonic time to stop etcd
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, _frame: stop.append(signum))
+    signal.signal(signal.SIGINT, lambda _s, _f: stop_at.__setitem__(0, 0.0))
+    signal.signal(signal.SIGTERM, lambda _s, _f: stop_at.__setitem__(0, min(stop_at[0], time.monotonic() + term_grace)))
     listen_client, listen_peer = f"http://{me.address}:{me.client_port}", f"http://{me.address}:{me.peer_port}"
     proc = subprocess.Popen(
         [binary, "--name", me.etcd_name, "--data-dir", data_dir,
@@ -64,18 +70,13 @@ def _serve(binary: str, me: Member, chosen: list[Member], data_dir: str) -> int:
         stdin=subprocess.DEVNULL, start_new_session=True)  # the job's process-group signals are ours to judge
     typer.echo(f"eft etcd: member {me.etcd_name} of {len(chosen)} on {me.name} ({me.client_url}); "
                f"endpoint {endpoint(chosen)}", err=True)
-    while proc.poll() is None and not stop:
+    while proc.poll() is None and time.monotonic() < stop_at[0]:
         try:
             proc.wait(timeout=0.5)
         except subprocess.TimeoutExpired:
             pass
     if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=20)
         return 0
     typer.echo(f"eft etcd: etcd exited with status {proc.returncode}", err=True)
     return proc.returncode or 1
@@ -92,6 +93,8 @@ def etcd_command(
                                  "removed at exit)"),
     endpoint_only: bool = typer.Option(False, "--endpoint-only", help="print the endpoint for --rdzv-endpoint "
                                        "and exit"),
+    term_grace: float = typer.Option(60.0, "--term-grace", help="seconds to keep serving after SIGTERM, for the "
+                                     "agents' final save (SIGINT stops at once)"),
 ) -> None:
     """Run one member of the job's etcd (or print its endpoint)."""
     if count not in (1, 3, 5):
@@ -110,7 +113,7 @@ def etcd_command(
     made = not data_dir
     data_dir = data_dir or tempfile.mkdtemp(prefix="eft-etcd-member-")
     try:
-        status = _serve(binary, chosen[index], chosen, data_dir)
+        status = _serve(binary, chosen[index], chosen, data_dir, term_grace)
     finally:
         if made:
             shutil.rmtree(data_dir, ignore_errors=True)

@@ -10,7 +10,7 @@ through ``SLURM_CONF`` in ``SlurmCluster.env``; nothing under /etc is touched.
         info = cluster.wait(job_id, until={"COMPLETED"})
 
 Needs root (slurmd runs jobs as their user and must own its spool) and the Debian
-packages slurmctld, slurmd, slurm-client and munge. See tests/SLURM_FACTS.md for
+packages slurmctld, slurmd, slurm-client and munge. See docs/slurm-facts.md for
 what this cluster showed about SLURM's behaviour.
 """
 from __future__ import annotations

@@ -33,6 +33,9 @@ FORBIDDEN = {
     "elasticft.goodput": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
                           "elasticft.health", "elasticft.worker", "elasticft.store", "elasticft.memckpt",
                           "launcher"),
+    # SLURM facts are pure: the job's variables and the controller's answers; no etcd, no agent
+    "elasticft.slurm": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
+                        "elasticft.health", "elasticft.worker", "elasticft.store", "elasticft.memckpt", "launcher"),
     "elasticft.memckpt": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
                           "elasticft.health", "elasticft.worker", "launcher"),
 }

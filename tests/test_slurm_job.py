@@ -1,13 +1,16 @@
 """What eft-run reads from SLURM's variables: the run id, the node count, the deadline,
 the signal warning, and the rank variables each worker gets. Pure functions, fed the
-variables SLURM 22.05 sets (tests/SLURM_FACTS.md); the real cluster is test_slurm.py's."""
+variables SLURM 22.05 sets (docs/slurm-facts.md); the real cluster is test_slurm.py's."""
 
 import argparse
+import os
+import subprocess
 import time
 
 import pytest
 
 from elasticft.slurm.defaults import derive, signal_warning
+from elasticft.slurm.etcd_members import endpoint, job_port, members
 from elasticft.slurm.job import SlurmJob, end_time, parse_end_time
 from elasticft.slurm.worker_env import slurm_worker_env, stale_variables
 
@@ -17,7 +20,8 @@ STEP = {**BATCH, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_
 
 
 def torchrun_args(**given) -> argparse.Namespace:
-    return argparse.Namespace(**{"rdzv_id": "none", "nnodes": "1:1", "node_rank": 0, **given})
+    return argparse.Namespace(**{"rdzv_id": "none", "nnodes": "1:1", "node_rank": 0, "rdzv_backend": "static",
+                                 **given})
 
 
 def test_outside_slurm_there_is_no_job():
@@ -40,8 +44,8 @@ def test_an_srun_step_sets_the_node_count_and_rank_a_flag_wins():
     derived = derive(args, SlurmJob.from_environ(STEP), STEP)
     assert (args.nnodes, args.node_rank) == ("2", 1)
     assert derived.flags == {"rdzv_id": "slurm-812-r0", "nnodes": "2", "node_rank": "1"}
-    mine = torchrun_args(rdzv_id="mine", nnodes="1:2")
-    assert derive(mine, SlurmJob.from_environ(STEP), STEP).flags == {"node_rank": "1"}
+    mine = torchrun_args(rdzv_id="mine", nnodes="1:2", rdzv_backend="etcd-v3")
+    assert derive(mine, SlurmJob.from_environ(STEP), STEP).flags == {}  # a dynamic rendezvous ranks nodes itself
     assert (mine.rdzv_id, mine.nnodes) == ("mine", "1:2")
     by_env = torchrun_args()
     derive(by_env, SlurmJob.from_environ(STEP), {**STEP, "PET_NNODES": "1:1"})
@@ -68,7 +72,7 @@ def test_the_end_time_is_squeues_local_time_and_none_without_a_limit():
 
 def test_a_child_of_the_batch_shell_is_warned_an_exec_or_srun_is_not():
     batch = SlurmJob.from_environ(BATCH)
-    warning = signal_warning(batch, "bash", "/bin/bash /var/spool/slurmd/job00812/slurm_script")
+    warning = signal_warning(batch, "slurm_script", "/bin/bash /var/spool/slurmd/job00812/slurm_script")
     assert "exec eft-run" in warning
     assert signal_warning(batch, "slurmstepd", "slurmstepd: [812.batch]") is None  # exec'd
     assert signal_warning(SlurmJob.from_environ(STEP), "bash", "/bin/bash ./slurm_script") is None  # srun
@@ -83,3 +87,30 @@ def test_a_worker_sees_its_own_rank_in_slurms_variables():
     assert (env["SLURM_NNODES"], env["SLURM_NTASKS_PER_NODE"]) == ("2", "4")
     assert stale_variables(STEP) == ["SLURM_GTIDS"]
     assert slurm_worker_env(worker, {}) == {} and stale_variables({"SLURM_GTIDS": "0"}) == []
+
+
+def test_etcd_members_sit_on_the_first_nodes_with_ports_apart_by_index():
+    answers = {("scontrol", "show", "hostnames", "n[1-4]"): "n1\nn2\nn3\nn4\n"}
+
+    def scontrol(cmd):
+        if cmd[:3] == ["scontrol", "-o", "show"]:
+            return f"NodeName={cmd[-1]} Arch=x86_64 NodeAddr=10.0.0.{cmd[-1][1:]} NodeHostName={cmd[-1]}"
+        return answers[tuple(cmd)]
+
+    chosen = members("n[1-4]", 3, 20000, run=scontrol, resolve=lambda addr: addr)
+    assert endpoint(chosen) == "10.0.0.1:20000,10.0.0.2:20002,10.0.0.3:20004"
+    assert [m.peer_url for m in chosen][-1] == "http://10.0.0.3:20005"
+    with pytest.raises(ValueError, match="--members 5: the allocation has 4 node"):
+        members("n[1-4]", 5, 20000, run=scontrol, resolve=lambda addr: addr)
+    assert job_port("812") != job_port("813") and job_port("none") == 2379
+
+
+@pytest.mark.parametrize("args, env, needle", [
+    (["--members", "2"], {}, "--members: expected 1, 3 or 5, got 2"),
+    (["--slurm"], {"SLURM_JOB_NODELIST": ""}, "--slurm: SLURM_JOB_NODELIST is not set"),
+])
+def test_eft_etcd_refuses_bad_input_in_one_line(args, env, needle):
+    done = subprocess.run(["eft", "etcd", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **env})
+    assert done.returncode == 2 and done.stderr.strip().startswith(f"eft etcd: {needle}"), done.stderr
+    assert "Traceback" not in done.stderr

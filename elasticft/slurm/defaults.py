@@ -49,8 +49,8 @@ def derive(args, job: SlurmJob, environ: Mapping[str, str] = os.environ) -> Deri
     if agents and agents > 1:
         if not user_set(args, "nnodes", environ):
             args.nnodes = derived.flags["nnodes"] = str(agents)
-        if job.node_id is not None and not user_set(args, "node_rank", environ):
-            args.node_rank = job.node_id  # torchrun's static rendezvous reads it
+        if job.node_id is not None and args.rdzv_backend == "static" and not user_set(args, "node_rank", environ):
+            args.node_rank = job.node_id  # only torchrun's static rendezvous reads it
             derived.flags["node_rank"] = str(job.node_id)
     return derived
 
@@ -58,7 +58,10 @@ def derive(args, job: SlurmJob, environ: Mapping[str, str] = os.environ) -> Deri
 def signal_warning(job: SlurmJob, parent_comm: str, parent_args: str) -> str | None:
     """A warning when SLURM's signals will not reach eft-run: it runs as a child of the
     batch shell (no ``exec``), and ``--signal=B:...`` or ``scancel -b`` signals the shell."""
-    if job.in_step or parent_comm not in SHELLS or "slurm_script" not in parent_args:
+    # SLURM runs the batch script by its path: the kernel names the process after the script
+    # ("slurm_script"), its command line is "/bin/bash .../slurm_script".
+    interpreter = os.path.basename(parent_args.split(" ", 1)[0])
+    if job.in_step or not {parent_comm, interpreter} & SHELLS or "slurm_script" not in parent_args:
         return None
     return ("eft-run runs under the batch shell (no `exec`): SLURM's batch signals "
             "(#SBATCH --signal=B:USR1@..., scancel -b) reach the shell, not eft-run, and the "
