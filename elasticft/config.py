@@ -53,6 +53,8 @@ class FTConfig:
         "rank_killed, rank_hung, node_lost, replica_corrupt, nan, poison, corrupt; @ITERATION* repeats a rank "
         "fault after every restart; see elasticft/contract/faults.py)"
     )
+    die_with_agent: bool = knob(True, "workers start through a shim that sets PR_SET_PDEATHSIG (Linux), so that a "
+                                      "SIGKILLed agent leaves no worker holding a GPU or a port")
     log_level: str = knob("INFO", "level of eft's own log lines on stderr (DEBUG, INFO, WARNING, ERROR)")
     events_file: str = knob(
         "", "at the job's end, write the run's whole event log here as JSON lines, for "

@@ -16,6 +16,7 @@ What it changes, each through one of the agent's steps:
   crashed one. A worker failure is first given ``failure_grace`` seconds to be
   explained by a lost member: when a node dies its peers' collectives fail at once,
   but etcd only reports the death when the lease runs out.
+* ``_start_workers``: each worker dies with the agent, even a SIGKILLed one (``orphans.py``).
 * ``_stop_workers``: the decision's signal (SIGKILL for ranks that could not act on
   SIGTERM), after the hung ranks' stacks are in the log.
 * ``_restart_workers``: every restart is a ``restart`` event with its reason, counted
@@ -64,6 +65,7 @@ from elasticft.agent.hang_monitor import HangMonitor
 from elasticft.agent.memory import MemoryService
 from elasticft.agent.numerics import NumericsWatch
 from elasticft.agent.observe import Observer
+from elasticft.agent.orphans import workers_die_with_agent
 from elasticft.agent.replan import RoundPlanner
 from elasticft.agent.restart_budget import BudgetExhausted, RestartBudget, failed_result
 from elasticft.agent.segments import StopRecorder
@@ -293,7 +295,8 @@ class FTElasticAgent(LocalElasticAgent):
             # A spare node: nothing to run until the next membership change.
             torch_seam.forget_worker_processes(self)
             return {}
-        return super()._start_workers(worker_group)
+        with workers_die_with_agent(worker_group.spec, self._settings.ft.die_with_agent):  # orphans.py
+            return super()._start_workers(worker_group)
 
     def _set_local_rank_env(self, worker_env: dict, local_rank: int, spec: WorkerSpec) -> None:
         """torch fills one worker's variables here (a step in torch_seam.AGENT_STEPS):

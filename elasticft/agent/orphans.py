@@ -1,0 +1,97 @@
+"""No orphans: workers die with their agent, even when the agent is SIGKILLed.
+
+torch starts every worker in a session of its own (``Popen(start_new_session=True)``)
+and stops them itself when the agent ends; an agent killed by SIGKILL stops nothing,
+and its workers keep their GPU and ports until some collective happens to fail. So each
+worker starts through ``pdeathsig_exec.py``, which sets ``PR_SET_PDEATHSIG=SIGKILL`` and
+execs the real command: the kernel kills the worker when its agent dies.
+
+torch's Popen has no pre-exec hook (and ``preexec_fn`` is unsafe in a process with
+threads), hence a shim in front of the command, put there for one start of the workers
+and taken away after it: the planner rewrites ``spec.args`` at every start, and torch's
+events name the spec's entrypoint.
+
+Threads: the death signal comes when the *thread* that forked the worker ends, not its
+process. torch forks the workers synchronously from its run loop (``run`` ->
+``_invoke_run`` -> ``_initialize_workers``/``_restart_workers`` -> ``_start_workers``),
+eft's own restarts happen in that loop (``_monitor_workers``), and eft-run runs the agent
+on its main thread (torchrun's ``run`` -> ``launch_agent`` -> ``agent.run``). The main
+thread ends only with the process, so the signal means "the agent died". Should a start
+ever come from another thread, its workers go unguarded (with a warning): the signal
+would kill healthy workers when that thread ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import shutil
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from torch.distributed.elastic.agent.server.api import WorkerSpec
+
+log = logging.getLogger(__name__)
+
+SHIM = Path(__file__).with_name("pdeathsig_exec.py")
+# -I -S: a bare interpreter (no site, no PYTHON* variables) starts fastest and imports
+# nothing of the job's; the shim needs only the standard library.
+SHIM_INTERPRETER_FLAGS = ("-I", "-S")
+
+
+@functools.cache
+def death_signal_supported() -> bool:
+    """Linux, with a libc whose prctl the shim can call; said once when not."""
+    if not sys.platform.startswith("linux"):
+        log.warning("workers may outlive a killed agent: PR_SET_PDEATHSIG is Linux-only")
+        return False
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").prctl  # noqa: B018 - the lookup is the check
+    except (OSError, AttributeError) as exc:
+        log.warning("workers may outlive a killed agent: no prctl in libc.so.6 (%s)", exc)
+        return False
+    return True
+
+
+@functools.cache
+def _warn_off_main_thread() -> None:
+    log.warning("workers started off the agent's main thread are not tied to the agent "
+                "(PR_SET_PDEATHSIG follows the forking thread); they may outlive a killed agent")
+
+
+def guarded_command(entrypoint: str, args: tuple, agent_pid: int) -> tuple[str, tuple]:
+    """The entrypoint and arguments that run ``entrypoint args`` through the shim."""
+    return sys.executable, (*SHIM_INTERPRETER_FLAGS, str(SHIM), str(agent_pid), entrypoint, *args)
+
+
+@contextlib.contextmanager
+def workers_die_with_agent(spec: WorkerSpec, enabled: bool) -> Iterator[None]:
+    """For one start of ``spec``'s workers: run each through the shim.
+
+    Left as it is: a callable entrypoint (torch runs it in a multiprocessing child, no
+    command to put a shim in front of), and a program not on PATH (torch's own error,
+    as under torchrun, rather than the shim's exit status 127 taken for a failed worker).
+    """
+    entrypoint = spec.entrypoint
+    if not enabled or not isinstance(entrypoint, str) or shutil.which(entrypoint) is None:
+        yield
+        return
+    if not death_signal_supported():
+        yield
+        return
+    if threading.current_thread() is not threading.main_thread():
+        _warn_off_main_thread()
+        yield
+        return
+    args = spec.args
+    spec.entrypoint, spec.args = guarded_command(entrypoint, args, os.getpid())
+    try:
+        yield
+    finally:
+        spec.entrypoint, spec.args = entrypoint, args

@@ -1,0 +1,74 @@
+"""Exec shim: die with the agent, then become the worker.
+
+Usage: python -I -S pdeathsig_exec.py AGENT_PID PROGRAM [ARGS...]
+
+torch starts each worker with ``Popen([PROGRAM, *ARGS])``; the agent (``orphans.py``)
+puts this shim in front. It asks the kernel to SIGKILL this process when the thread
+that forked it ends (``PR_SET_PDEATHSIG``), makes sure that thread's process (the
+agent, ``AGENT_PID``) did not die before that took effect, and ``execvp``\\ s PROGRAM.
+The death signal survives execve, and the pid stays, so torch's worker pid is the
+worker's and the worker's ``sys.argv`` is the one torchrun would give it.
+
+Run by path with the standard library only (no eft import, no site): it costs one bare
+interpreter start per worker.
+"""
+
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _set_death_signal() -> None:
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+
+
+def _starting_environment() -> dict:
+    """The environment this process was started with.
+
+    The interpreter running this shim may have added to its own (PEP 538 sets
+    LC_CTYPE=C.UTF-8 under the C locale); the worker must get torch's, unchanged.
+    /proc/self/environ still shows the block execve was given.
+    """
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            block = f.read()
+    except OSError:
+        return dict(os.environ)
+    env = {}
+    for entry in block.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep:
+            env[os.fsdecode(name)] = os.fsdecode(value)
+    return env
+
+
+def main(argv: list) -> None:
+    agent_pid, program = int(argv[1]), argv[2]
+    try:
+        _set_death_signal()
+    except (OSError, AttributeError) as exc:  # the agent checked prctl works: not expected
+        print(f"eft: worker not tied to its agent ({exc}); it may outlive a killed agent", file=sys.stderr)
+    else:
+        if os.getppid() != agent_pid:
+            # The agent died between fork and prctl: the signal will never come. Die as it would have.
+            os.kill(os.getpid(), signal.SIGKILL)
+    # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec:
+    # give the worker the dispositions Popen(restore_signals=True) gives it under torchrun.
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    try:
+        os.execvpe(program, argv[2:], _starting_environment())
+    except OSError as exc:
+        print(f"eft: cannot run {program}: {exc}", file=sys.stderr)
+        sys.exit(127)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
