@@ -145,6 +145,8 @@ class FTElasticAgent(LocalElasticAgent):
                 self._etcd, self._settings.ft.node_id, spec.local_addr or socket.getfqdn(),
                 spec.local_world_size, self._settings.ft.lease_ttl, self._run_dir, self._settings.memory.domain())
             self._ctx.record(EventKind.NODE_JOINED, host=self._ctx.node.record.host, gpus=spec.local_world_size)
+            self._ctx.client.outage.on_recovered(lambda seconds, failed: self._ctx.record(
+                EventKind.ETCD_UNAVAILABLE, seconds=round(seconds, 1), failed_requests=failed))
             self._budget = RestartBudget(self._ctx, self._settings.restarts, spec.max_restarts).start()
         # Workers inherit the agent's environment (torch copies os.environ).
         ctx = self._ctx

@@ -27,6 +27,7 @@ from elasticft.contract.run_dir import (
     write_atomically,
 )
 from elasticft.store import EtcdClient, StoreError, WatchEvent
+from elasticft.store.outage import is_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,9 @@ class CheckpointRelay:
                 self._forward(message)
             except (OSError, ValueError) as exc:
                 log.warning("dropping unreadable outbox message %s: %s", name, exc)
-            except StoreError as exc:
-                log.warning("could not forward %s, will retry: %s", name, exc)
+            except StoreError as exc:  # kept in the outbox; etcd away is said once, by its Outage
+                log.log(logging.DEBUG if is_unavailable(exc) else logging.WARNING,
+                        "could not forward %s, will retry: %s", name, exc)
                 return
             path.unlink(missing_ok=True)
 

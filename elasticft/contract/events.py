@@ -85,6 +85,8 @@ class EventKind(enum.StrEnum):
     # The restart rule ended the job: more charged restarts (worker failures, hangs) job-wide than allowed;
     # restarts, limit. eft-run fails as torchrun does when --max-restarts runs out.
     RESTART_BUDGET_EXHAUSTED = "restart_budget_exhausted"
+    # etcd was out of reach and answers again (the workers trained on meanwhile); seconds, failed_requests.
+    ETCD_UNAVAILABLE = "etcd_unavailable"
     # Never in the log: the notifier's last message when it closes; counts ({kind: notifications held back}).
     NOTIFY_SUPPRESSED = "notify_suppressed"
 
@@ -100,7 +102,7 @@ NOTIFIED_KINDS = frozenset({
     EventKind.NODE_EXCLUDED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED, EventKind.MEM_CKPT_FALLBACK,
     EventKind.MEM_CKPT_PAUSED, EventKind.ROLLBACK, EventKind.TRANSIENT_FAULT, EventKind.DATA_SKIPPED,
     EventKind.NODE_SUSPECT,
-    EventKind.NO_PROGRESS, EventKind.RESTART_BUDGET_EXHAUSTED,
+    EventKind.NO_PROGRESS, EventKind.RESTART_BUDGET_EXHAUSTED, EventKind.ETCD_UNAVAILABLE,
 })
 
 # Every event's own fields (time, source), and what the notifier adds (run, suppressed):
@@ -225,6 +227,9 @@ _LINES: dict[EventKind, Callable[[_Fields], str]] = {
         + (f"; newest checkpoint {f['checkpoint']}" if f.event.get("checkpoint") is not None else "; no checkpoint")),
     EventKind.RESTART_BUDGET_EXHAUSTED: lambda f: (
         f"job ended: {f['restarts']} restart(s) job-wide, more than the {f['limit']} allowed"),
+    EventKind.ETCD_UNAVAILABLE: lambda f: (
+        f"etcd was out of reach for {f.num('seconds', '.1f')} s ({f['failed_requests']} request(s) failed); "
+        "training went on"),
     EventKind.NOTIFY_SUPPRESSED: lambda f: _suppressed_counts(f.event),
 }
 

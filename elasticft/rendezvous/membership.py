@@ -23,6 +23,7 @@ from elasticft.contract.records import (
     store_node_record,
 )
 from elasticft.store import EtcdClient, Lease, StoreError, WatchEvent
+from elasticft.store.outage import is_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +123,8 @@ class Membership:
                 try:
                     self._subscribe()
                     return
-                except StoreError as err:
-                    log.warning("resubscribe failed: %s", err)
+                except StoreError as err:  # etcd away: its Outage says so, once
+                    log.log(logging.DEBUG if is_unavailable(err) else logging.WARNING, "resubscribe failed: %s", err)
                     time.sleep(1.0)
 
         threading.Thread(target=resubscribe, name="eft-membership-resubscribe", daemon=True).start()

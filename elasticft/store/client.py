@@ -9,6 +9,7 @@ watches delivered to a callback. Errors from the library become ``StoreError``
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,36 +20,10 @@ from pyetcd.events import DeleteEvent
 
 from elasticft.store.errors import StoreError, StoreUnavailable
 from elasticft.store.lease import Lease, LeaseKeeper
+from elasticft.store.options import CHANNEL_OPTIONS, FAILED_ENDPOINT_RETRY, StoreOptions
+from elasticft.store.outage import Outage, outage_of
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StoreOptions:
-    """How to reach etcd: endpoints and, optionally, TLS and user/password."""
-
-    endpoints: str = "127.0.0.1:2379"
-    cacert: str | None = None
-    cert: str | None = None
-    key: str | None = None
-    user: str | None = None
-    password: str | None = None
-    timeout: float = 10.0
-
-    def parsed_endpoints(self) -> list[tuple[str, int]]:
-        out = []
-        for item in self.endpoints.split(","):
-            item = item.strip()
-            for scheme in ("http://", "https://"):
-                if item.startswith(scheme):
-                    item = item[len(scheme):]
-            host, sep, port = item.rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise ValueError(f"expected HOST:PORT, got {item!r}")
-            out.append((host.strip("[]"), int(port)))
-        if not out:
-            raise ValueError("no endpoint given")
-        return out
 
 
 @dataclass(frozen=True)
@@ -70,11 +45,6 @@ class WatchEvent:
     revision: int
 
 
-# pyetcd marks an endpoint failed after one UNAVAILABLE or DEADLINE_EXCEEDED answer and
-# refuses to use it for ``time_retry`` seconds (300 by default): a client of a single
-# etcd would be dead for five minutes after one lost request. Try it again after this.
-FAILED_ENDPOINT_RETRY = 1.0
-
 # etcd refuses a transaction of more operations than its --max-txn-ops (128 by default).
 MAX_TXN_OPS = 128
 
@@ -86,8 +56,10 @@ _UNAVAILABLE = (
 
 
 class EtcdClient:
-    def __init__(self, options: StoreOptions):
+    def __init__(self, options: StoreOptions, probe: bool = False):
         self.options = options
+        # shared by this process's clients of the same etcd; a probe (is etcd up yet?) reports nothing
+        self.outage = Outage(options.endpoints, quiet=True) if probe else outage_of(options.endpoints)
         endpoints = []
         for host, port in options.parsed_endpoints():
             secure = bool(options.cacert)
@@ -95,7 +67,8 @@ class EtcdClient:
             if secure:
                 creds = pyetcd.Etcd3Client.get_secure_creds(options.cacert, options.key, options.cert)
             endpoints.append(
-                pyetcd.Endpoint(host, port, secure=secure, creds=creds, time_retry=FAILED_ENDPOINT_RETRY)
+                pyetcd.Endpoint(host, port, secure=secure, creds=creds, time_retry=FAILED_ENDPOINT_RETRY,
+                                opts=CHANNEL_OPTIONS)
             )
         try:
             self._etcd = pyetcd.MultiEndpointEtcd3Client(
@@ -106,22 +79,31 @@ class EtcdClient:
                 failover=len(endpoints) > 1,
             )
         except _UNAVAILABLE as exc:
+            self.outage.failure(time.monotonic())
             raise StoreUnavailable(f"etcd at {options.endpoints} is unreachable") from exc
         except (etcd_exceptions.Etcd3Exception, grpc.RpcError) as exc:
             raise StoreError(f"cannot connect to etcd at {options.endpoints}: {exc}") from exc
         self._keeper = LeaseKeeper(self)
 
-    def _call(self, fn):
+    def _call(self, fn, answered: bool = True):
+        """``fn(library client)`` with errors as StoreError; ``answered``: its return means
+        etcd answered (not so for registering a watch, which returns before any reply)."""
+        sent = time.monotonic()
         try:
-            return fn(self._etcd)
+            result = fn(self._etcd)
         except _UNAVAILABLE as exc:
+            self.outage.failure(sent)
             raise StoreUnavailable(f"etcd at {self.options.endpoints} is unreachable") from exc
         except (etcd_exceptions.Etcd3Exception, grpc.RpcError) as exc:
             raise StoreError(f"etcd request failed: {exc!r}") from exc
         except ValueError as exc:
             if "failed node" not in str(exc):  # pyetcd: "Trying to use a failed node"
                 raise
+            self.outage.failure(sent)
             raise StoreUnavailable(f"etcd at {self.options.endpoints} is unreachable") from exc
+        if answered:
+            self.outage.success()
+        return result
 
     # -- reads -------------------------------------------------------------------
 
@@ -359,9 +341,10 @@ class EtcdClient:
                 on_events(events)
 
         watch_id = self._call(
-            lambda c: c.add_watch_callback(start, callback, range_end=end, start_revision=start_revision)
+            lambda c: c.add_watch_callback(start, callback, range_end=end, start_revision=start_revision),
+            answered=False,
         )
-        return lambda: self._call(lambda c: c.cancel_watch(watch_id))
+        return lambda: self._call(lambda c: c.cancel_watch(watch_id), answered=False)
 
     def close(self) -> None:
         self._keeper.stop()
@@ -376,9 +359,10 @@ def prefix_end(prefix: str) -> str:
     return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
-def connect(options: StoreOptions, check: bool = True) -> EtcdClient:
-    """A client for ``options``; with ``check``, fail now if etcd does not answer."""
-    client = EtcdClient(options)
+def connect(options: StoreOptions, check: bool = True, probe: bool = False) -> EtcdClient:
+    """A client for ``options``; with ``check``, fail now if etcd does not answer; a ``probe``
+    (is etcd up yet?) does not count its failures as an outage of etcd."""
+    client = EtcdClient(options, probe=probe)
     if check:
         client.ping()
     return client

@@ -16,6 +16,7 @@ import grpc
 from pyetcd import etcdrpc
 
 from elasticft.store.errors import StoreError
+from elasticft.store.outage import is_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +107,9 @@ class LeaseKeeper:
     def _refresh(self, leases: dict[int, Lease]) -> None:
         try:
             granted = self._client._call(lambda c: _keep_alive(c, list(leases)))
-        except StoreError as exc:
-            log.warning("could not refresh %d etcd lease(s): %s", len(leases), exc)
+        except StoreError as exc:  # etcd away: its Outage says so, once
+            log.log(logging.DEBUG if is_unavailable(exc) else logging.WARNING,
+                    "could not refresh %d etcd lease(s): %s", len(leases), exc)
             return
         for lease_id, lease in leases.items():
             ttl = granted.get(lease_id)

@@ -86,6 +86,7 @@ class EmbeddedEtcd:
         self.start_timeout = start_timeout
         self.data_dir: str | None = None
         self.port: int | None = None
+        self._peer_port: int | None = None
         self._proc: subprocess.Popen | None = None
 
     @property
@@ -100,33 +101,48 @@ class EmbeddedEtcd:
         last_error = ""
         for _ in range(3):  # a port picked as free can be taken before etcd binds it
             self.data_dir = tempfile.mkdtemp(prefix="eft-etcd-")
-            self.port, peer = free_port(), free_port()
-            client_url, peer_url = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{peer}"
-            log_path = os.path.join(self.data_dir, "etcd.log")
-            with open(log_path, "wb") as log_file:
-                self._proc = subprocess.Popen(
-                    [
-                        self.binary,
-                        "--name", "eft",
-                        "--data-dir", os.path.join(self.data_dir, "data"),
-                        "--listen-client-urls", client_url,
-                        "--advertise-client-urls", client_url,
-                        "--listen-peer-urls", peer_url,
-                        "--initial-advertise-peer-urls", peer_url,
-                        "--initial-cluster", f"eft={peer_url}",
-                        "--log-level", "error",
-                    ],
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    preexec_fn=_die_with_parent,
-                )
-            if self._wait_ready():
+            self.port, self._peer_port = free_port(), free_port()
+            if self._launch():
                 log.info("embedded etcd %s serving on %s", self.binary, self.endpoint)
                 return self
-            last_error = Path(log_path).read_text(errors="replace")[-2000:]
+            last_error = Path(self.data_dir, "etcd.log").read_text(errors="replace")[-2000:]
             self.stop()
         raise StoreError(f"embedded etcd did not start: {last_error.strip()}")
+
+    def kill(self) -> None:
+        """SIGKILL etcd (a crash), keeping its data and port for ``restart``."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+
+    def restart(self) -> None:
+        """Start etcd again, after ``kill``, on the same port with the same data."""
+        if not self._launch():
+            raise StoreError("embedded etcd did not restart: "
+                             + Path(self.data_dir, "etcd.log").read_text(errors="replace")[-2000:])
+
+    def _launch(self) -> bool:
+        client_url, peer_url = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self._peer_port}"
+        log_path = os.path.join(self.data_dir, "etcd.log")
+        with open(log_path, "ab") as log_file:
+            self._proc = subprocess.Popen(
+                [
+                    self.binary,
+                    "--name", "eft",
+                    "--data-dir", os.path.join(self.data_dir, "data"),
+                    "--listen-client-urls", client_url,
+                    "--advertise-client-urls", client_url,
+                    "--listen-peer-urls", peer_url,
+                    "--initial-advertise-peer-urls", peer_url,
+                    "--initial-cluster", f"eft={peer_url}",
+                    "--log-level", "error",
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )
+        return self._wait_ready()
 
     def _wait_ready(self) -> bool:
         deadline = time.monotonic() + self.start_timeout
@@ -134,7 +150,7 @@ class EmbeddedEtcd:
             if self._proc.poll() is not None:
                 return False
             try:
-                client = connect(StoreOptions(self.endpoint, timeout=1.0))
+                client = connect(StoreOptions(self.endpoint, timeout=1.0), probe=True)
                 client.close()
                 return True
             except StoreError:
