@@ -52,7 +52,7 @@ from elasticft.rendezvous.backend import (
 from elasticft.settings import Settings
 from elasticft.slurm.job import SlurmJob
 from elasticft.rendezvous.reuse import prepare_run
-from elasticft.store import EmbeddedEtcd, EtcdNotFound, StoreError, connect
+from elasticft.store import EmbeddedEtcd, EtcdNotFound, StoreError, StoreUnavailable, connect
 from elasticft.torch_seam import agent_class_swapped, parse_rendezvous_config
 from launcher.slurm_setup import apply_slurm
 
@@ -207,7 +207,7 @@ def _prepare_run(target: EtcdTarget, settings: Settings) -> None:
     """A run id used before: reset an ended attempt's keys, refuse a live job's (reuse.py)."""
     try:
         client = connect(target.store)
-    except StoreError:
+    except StoreUnavailable:
         return  # etcd not up yet: the rendezvous waits for it (up to its join timeout); nothing to reuse
     try:
         prepare_run(client, target.keys, target.attempt, linger=2 * settings.ft.lease_ttl + 5)

@@ -102,6 +102,9 @@ class EtcdRendezvousOptions:
             number(name, None)
         if ("cert" in config) != ("key" in config):
             raise RendezvousConfigError("--rdzv-conf: cert and key must be given together")
+        if "https://" in params.endpoint and "cacert" not in config:
+            raise RendezvousConfigError("--rdzv-conf: an https:// endpoint needs cacert=FILE "
+                                        "(the CA that signed etcd's certificate)")
         if ("user" in config) != ("password" in config):
             raise RendezvousConfigError("--rdzv-conf: user and password must be given together")
         store = StoreOptions(

@@ -18,10 +18,11 @@ import pyetcd
 from pyetcd import exceptions as etcd_exceptions
 from pyetcd.events import DeleteEvent
 
-from elasticft.store.errors import StoreError, StoreUnavailable
+from elasticft.store.errors import StoreError, StoreUnavailable, one_line
 from elasticft.store.lease import Lease, LeaseKeeper
 from elasticft.store.options import CHANNEL_OPTIONS, FAILED_ENDPOINT_RETRY, StoreOptions
 from elasticft.store.outage import Outage, outage_of
+from elasticft.store.tls import tls_error_behind
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +82,10 @@ class EtcdClient:
         except _UNAVAILABLE as exc:
             self.outage.failure(time.monotonic())
             raise StoreUnavailable(f"etcd at {options.endpoints} is unreachable") from exc
-        except (etcd_exceptions.Etcd3Exception, grpc.RpcError) as exc:
-            raise StoreError(f"cannot connect to etcd at {options.endpoints}: {exc}") from exc
+        except (etcd_exceptions.Etcd3Exception, grpc.RpcError) as exc:  # e.g. a wrong password
+            raise StoreError(f"cannot connect to etcd at {options.endpoints}: {one_line(exc)}") from exc
+        if not secure:  # gRPC fails calls with call credentials on a plain channel; the token
+            self._etcd.call_credentials = None  # still travels as metadata, as etcdctl's does
         self._keeper = LeaseKeeper(self)
 
     def _call(self, fn, answered: bool = True):
@@ -95,7 +98,7 @@ class EtcdClient:
             self.outage.failure(sent)
             raise StoreUnavailable(f"etcd at {self.options.endpoints} is unreachable") from exc
         except (etcd_exceptions.Etcd3Exception, grpc.RpcError) as exc:
-            raise StoreError(f"etcd request failed: {exc!r}") from exc
+            raise StoreError(f"etcd request failed: {one_line(exc)}") from exc
         except ValueError as exc:
             if "failed node" not in str(exc):  # pyetcd: "Trying to use a failed node"
                 raise
@@ -109,7 +112,17 @@ class EtcdClient:
 
     def ping(self) -> None:
         """Raise StoreUnavailable unless etcd answers."""
-        self._call(lambda c: c.get("/eft-ping"))
+
+        def read(c):
+            try:
+                c.get("/eft-ping")
+            except grpc.RpcError as exc:
+                # A run's role may cover its own keys only (RBAC); etcd checks permissions
+                # after the read's quorum, so a refusal still says etcd is up with a leader.
+                if exc.code() != grpc.StatusCode.PERMISSION_DENIED:
+                    raise
+
+        self._call(read)
 
     def get(self, key: str) -> KeyValue | None:
         value, meta = self._call(lambda c: c.get(key))
@@ -364,7 +377,14 @@ def connect(options: StoreOptions, check: bool = True, probe: bool = False) -> E
     (is etcd up yet?) does not count its failures as an outage of etcd."""
     client = EtcdClient(options, probe=probe)
     if check:
-        client.ping()
+        try:
+            client.ping()
+        except StoreUnavailable as exc:
+            refused = tls_error_behind(exc, options)  # waiting would not mend it
+            if refused is None:
+                raise
+            client.close()
+            raise refused from None
     return client
 
 
