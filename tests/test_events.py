@@ -25,6 +25,7 @@ WIRE = {
     "ROLLBACK": "rollback", "TRANSIENT_FAULT": "transient_fault", "DATA_SKIPPED": "data_skipped",
     "NODE_SUSPECT": "node_suspect",
     "NO_PROGRESS": "no_progress", "RESTART_BUDGET_EXHAUSTED": "restart_budget_exhausted",
+    "ETCD_UNAVAILABLE": "etcd_unavailable",
 }
 
 # One event of each kind with the fields its writer records (values as the writers make them).
@@ -68,6 +69,7 @@ SAMPLES = {
     EventKind.NODE_SUSPECT: {"node": "n1", "faults": 2, "action": "exclude"},
     EventKind.NO_PROGRESS: {"cycles": 3, "limit": 3, "reached": 8, "checkpoint": 5},
     EventKind.RESTART_BUDGET_EXHAUSTED: {"restarts": 3, "limit": 2},
+    EventKind.ETCD_UNAVAILABLE: {"seconds": 7.04, "failed_requests": 222},
 }
 
 
@@ -115,6 +117,8 @@ def test_lines_say_what_happened():
     assert describe(event(EventKind.NO_PROGRESS, cycles=3, limit=3, reached=None, checkpoint=None)) == (
         "job ended: 3 restart cycle(s) in a row without progress (limit 3); no checkpoint")
     assert lines[EventKind.RESTART_BUDGET_EXHAUSTED] == "job ended: 3 restart(s) job-wide, more than the 2 allowed"
+    assert lines[EventKind.ETCD_UNAVAILABLE] == (
+        "etcd was out of reach for 7.0 s (222 request(s) failed); training went on")
 
 
 def test_unknown_kinds_list_their_fields():
@@ -147,7 +151,7 @@ def test_the_notified_set_is_what_the_notifier_sends(tmp_path):
         EventKind.NODE_EXCLUDED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED, EventKind.MEM_CKPT_FALLBACK,
         EventKind.MEM_CKPT_PAUSED, EventKind.ROLLBACK, EventKind.TRANSIENT_FAULT, EventKind.DATA_SKIPPED,
         EventKind.NODE_SUSPECT,
-        EventKind.NO_PROGRESS, EventKind.RESTART_BUDGET_EXHAUSTED,
+        EventKind.NO_PROGRESS, EventKind.RESTART_BUDGET_EXHAUSTED, EventKind.ETCD_UNAVAILABLE,
     }
     out = tmp_path / "sent.jsonl"
     notifier = Notifier([Sink("file", str(out))], rate_limit=0)

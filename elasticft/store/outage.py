@@ -38,6 +38,7 @@ class Outage:
         self._reported = 0.0
         self._answered = float("-inf")  # when etcd last answered a request
         self._back: float | None = None  # when etcd first answered again in this outage
+        self._announced = False  # the outage was said (a second failure in a row)
         self._listeners: list[Callable[[float, int], None]] = []
 
     def on_recovered(self, listener: Callable[[float, int], None]) -> None:
@@ -56,7 +57,9 @@ class Outage:
             if self.quiet:
                 return
             if self.since is None:
-                self.since, self._reported = now, now
+                self.since = now  # one failure is not yet an outage: a one-shot command just fails
+            elif not self._announced:
+                self._announced, self._reported = True, now
                 log.warning("etcd at %s is unreachable: eft waits for it, retrying its requests (running "
                             "workers train on meanwhile)", self.endpoints)
             elif now - self._reported >= REPORT_EVERY:
@@ -80,9 +83,11 @@ class Outage:
                 return
             if now - self._back < SETTLE:
                 return
-            seconds, failed = self._back - self.since, self.failed
-            self.since, self.failed, self._back = None, 0, None
+            seconds, failed, announced = self._back - self.since, self.failed, self._announced
+            self.since, self.failed, self._back, self._announced = None, 0, None, False
             listeners = list(self._listeners)
+        if not announced:
+            return  # a single failed request
         log.warning("etcd at %s answers again after %.1f s (%d request(s) failed meanwhile)", self.endpoints,
                     seconds, failed)
         for listener in listeners:
