@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from elasticft.contract.progress import SECTIONS
 from elasticft.health_config import HealthConfig, RiskConfig  # noqa: F401 - re-exported with the config
+from elasticft.housekeeping_config import HousekeepingConfig  # noqa: F401 - re-exported with the config
 from elasticft.knobs import (  # noqa: F401 - re-exported: the config API in one import
     ConfigError,
     add_arguments,

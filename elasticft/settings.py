@@ -15,6 +15,7 @@ from elasticft.config import (
     FTConfig,
     HangConfig,
     HealthConfig,
+    HousekeepingConfig,
     MemoryConfig,
     NotifyConfig,
     NumericsConfig,
@@ -49,6 +50,8 @@ class Settings:
     memory: MemoryConfig = _concern(MemoryConfig, "eft memory checkpoints (host memory, replicated to peers)")
     numerics: NumericsConfig = _concern(NumericsConfig, "eft numbers check (NaN and loss spikes roll back)")
     restarts: RestartConfig = _concern(RestartConfig, "eft job-wide restart limits (counted in etcd)")
+    housekeeping: HousekeepingConfig = _concern(
+        HousekeepingConfig, "eft etcd housekeeping (history compaction, the events bound)")
 
     @classmethod
     def add_arguments(cls, parser) -> None:

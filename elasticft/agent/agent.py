@@ -213,7 +213,8 @@ class FTElasticAgent(LocalElasticAgent):
         else:
             self._ctx.record(EventKind.JOB_FAILED, state=self.get_worker_group().state.name, stopped_by=stopped_by)
         if self._settings.ft.events_file and (not clean or self.get_worker_group().group_rank in (0, None)):
-            self._ctx.events.export(self._settings.ft.events_file)
+            self._ctx.events.export(self._settings.ft.events_file, self._settings.housekeeping.archive_path(
+                self._settings.ft.events_file, self._ctx.keys.run_id))
 
     def _signal_workers(self, signum: int) -> None:
         for pid in torch_seam.worker_pids(self).values():

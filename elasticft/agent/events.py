@@ -4,12 +4,17 @@ The kinds and their fields are listed in ``elasticft.contract.events``.
 
 Keys sort by time, so a prefix read returns the log in order; no counter is shared
 between writers, so writing an event never contends with anyone.
+
+The log in etcd is bounded (``--eft-max-events``): one agent moves the oldest events to
+an archive file (``move_oldest``), and ``export`` joins that file, where it can read it,
+to what etcd still holds.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import uuid
 
@@ -48,13 +53,46 @@ class EventLog:
         events = [json.loads(item.value) for item in sorted(items, key=lambda i: i.key)]
         return events[-limit:] if limit else events
 
-    def export(self, path: str) -> None:
-        """The whole log as JSON lines at ``path`` (written whole or not at all); a failure is
+    def move_oldest(self, archive: str, keep: int) -> int:
+        """Append the oldest events beyond the newest ``keep`` to ``archive`` (JSON lines), then
+        delete them from etcd; the number moved. Appended and synced before the delete: a crash
+        in between leaves an event in both places (``export`` drops the copy), never in neither."""
+        excess = self._client.count_prefix(self._keys.events) - keep
+        if excess <= 0:
+            return 0
+        items = self._client.oldest(self._keys.events, excess)  # key order is time order
+        lines = "".join(json.dumps(json.loads(item.value)) + "\n" for item in items)
+        with open(archive, "a") as out:
+            out.write(lines)
+            out.flush()
+            os.fsync(out.fileno())
+        # the exact keys read, not a range: an event a skewed clock named older may have come since
+        self._client.delete_keys([item.key for item in items])
+        return len(items)
+
+    def export(self, path: str, archive: str | None = None) -> None:
+        """The whole log as JSON lines at ``path`` (written whole or not at all): the events moved
+        to ``archive`` (when this node can read it) and those in etcd, by time. A failure is
         logged, never raised: the job's end must not fail for its report."""
         try:
-            lines = "".join(json.dumps(event) + "\n" for event in self.read())
-            write_atomically(path, lines)
-        except (StoreError, OSError) as exc:
+            lines = [json.dumps(event) + "\n" for event in self.read()]
+            moved = _read_lines(archive)
+            if moved:
+                unique = set(lines)
+                lines = [line for line in moved if line not in unique] + lines
+                lines.sort(key=lambda line: json.loads(line).get("time", 0))
+            write_atomically(path, "".join(lines))
+        except (StoreError, OSError, ValueError) as exc:
             log.warning("could not write the event log to %s: %s", path, exc)
         else:
-            log.info("event log written to %s (eft report --events %s)", path, path)
+            log.info("event log written to %s (eft report --events %s)%s", path, path,
+                     f", with {len(moved)} events moved earlier to {archive}" if moved else "")
+
+
+def _read_lines(path: str | None) -> list[str]:
+    """The archive's lines, each once (a crash between append and delete can repeat one)."""
+    if not path or not os.path.exists(path):
+        return []
+    with open(path) as archive:
+        return list(dict.fromkeys(line if line.endswith("\n") else line + "\n"
+                                  for line in archive if line.strip()))

@@ -1,4 +1,5 @@
-"""The node agent's services: notifier, checkpoint relay, health sampler, watchdogs, stragglers.
+"""The node agent's services: notifier, checkpoint relay, health sampler, watchdogs, stragglers,
+etcd housekeeping.
 
 They run beside torch's agent loop from the first rendezvous to the agent's exit, each
 on its own thread, and all reach the run through the one ``AgentContext``. The agent
@@ -13,6 +14,7 @@ from typing import Any, Callable
 
 from elasticft.agent.checkpoints import CheckpointCoordinator
 from elasticft.agent.context import AgentContext
+from elasticft.agent.housekeeping import EtcdHousekeeper
 from elasticft.agent.notify import Notifier
 from elasticft.agent.stragglers import StragglerMonitor
 from elasticft.agent.watchdogs import Watchdogs, worker_activity
@@ -48,6 +50,7 @@ class AgentServices:
         self.sampler: HealthSampler | None = None
         self.watchdogs: Watchdogs | None = None
         self.stragglers: StragglerMonitor | None = None
+        self.housekeeper: EtcdHousekeeper | None = None
         self._injected_fault_seen = False
 
     def start(self, ctx: AgentContext, settings: Settings, ckpt: CheckpointCoordinator,
@@ -57,6 +60,9 @@ class AgentServices:
         self.sampler = self._sampler(ctx, settings, ckpt, workers)
         self.watchdogs = self._watchdogs(ctx, settings, ckpt, workers)
         self.stragglers = self._stragglers(ctx, settings, workers)
+        housekeeper = EtcdHousekeeper(settings.housekeeping, ctx, settings.housekeeping.archive_path(
+            settings.ft.events_file, ctx.keys.run_id))
+        self.housekeeper = housekeeper.start() if housekeeper.enabled else None
         return self
 
     @staticmethod
@@ -130,7 +136,7 @@ class AgentServices:
 
     def stop(self) -> None:
         """Stop the monitors, newest first (the notifier stays: see ``close_notifier``)."""
-        for service in (self.stragglers, self.watchdogs, self.sampler):
+        for service in (self.housekeeper, self.stragglers, self.watchdogs, self.sampler):
             if service is not None:
                 service.stop()
         if self.sampler is not None:

@@ -104,6 +104,22 @@ class RunKeys:
         """When the run started (unix seconds), written once by the first agent."""
         return self.root + "started"
 
+    @property
+    def housekeeper(self) -> str:
+        """The node that compacts etcd and bounds ``events/`` (elasticft/agent/housekeeping.py),
+        held under its lease: when it goes, the next agent to look takes the role."""
+        return self.root + "housekeeper"
+
+    @property
+    def compaction_floors(self) -> str:
+        """Prefix, shared by every run under this key prefix, of the oldest revision each live
+        run still reads (its current round's): no run's compaction goes past any of them."""
+        return f"{self.prefix.rstrip('/')}/.compaction-floors/"
+
+    @property
+    def compaction_floor(self) -> str:
+        return self.compaction_floors + self.run_id
+
     def event(self, name: str) -> str:
         return self.events + name
 

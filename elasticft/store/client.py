@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import grpc
@@ -23,27 +22,9 @@ from elasticft.store.lease import Lease, LeaseKeeper
 from elasticft.store.options import CHANNEL_OPTIONS, FAILED_ENDPOINT_RETRY, StoreOptions
 from elasticft.store.outage import Outage, outage_of
 from elasticft.store.tls import tls_error_behind
+from elasticft.store.records import KeyValue, StoreStatus, WatchEvent
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class KeyValue:
-    key: str
-    value: bytes
-    mod_revision: int
-    lease: int
-    create_revision: int = 0
-
-
-@dataclass(frozen=True)
-class WatchEvent:
-    """One change under a watched prefix; ``value`` is empty for deletes."""
-
-    key: str
-    value: bytes
-    deleted: bool
-    revision: int
 
 
 # etcd refuses a transaction of more operations than its --max-txn-ops (128 by default).
@@ -181,6 +162,16 @@ class EtcdClient:
         kv = response.kvs[0]
         return KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease), response.header.revision
 
+    def oldest(self, prefix: str, limit: int) -> list[KeyValue]:
+        """The first ``limit`` keys under ``prefix`` in key order, with their values."""
+        response = self._call(lambda c: c.get_prefix_response(prefix, limit=limit, sort_order="ascend",
+                                                               sort_target="key"))
+        return [KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease, kv.create_revision)
+                for kv in response.kvs]
+
+    def status(self) -> StoreStatus:
+        return StoreStatus(self._call(lambda c: c.status()).db_size, self.revision())
+
     def revision(self) -> int:
         def read(c):
             response = c.get_response("/eft-revision")
@@ -274,16 +265,7 @@ class EtcdClient:
 
     def delete_if_unchanged(self, key: str, mod_revision: int) -> bool:
         """Delete ``key`` only if its mod_revision is still ``mod_revision``; True if this call deleted it."""
-
-        def txn(c):
-            ok, _ = c.transaction(
-                compare=[c.transactions.mod(key) == mod_revision],
-                success=[c.transactions.delete(key)],
-                failure=[],
-            )
-            return ok
-
-        return self._call(txn)
+        return self.delete_if_unchanged_with(key, mod_revision)
 
     def delete_if_unchanged_with(self, key: str, mod_revision: int, prefixes: tuple[str, ...] = (),
                                  keys: tuple[str, ...] = ()) -> bool:
@@ -301,6 +283,18 @@ class EtcdClient:
             return ok
 
         return self._call(txn)
+
+    def delete_keys(self, keys: list[str]) -> None:
+        """Delete every key in ``keys``, in transactions of at most MAX_TXN_OPS deletes."""
+        for start in range(0, len(keys), MAX_TXN_OPS):
+            batch = keys[start:start + MAX_TXN_OPS]
+            self._call(lambda c, batch=batch: c.transaction(
+                compare=[], success=[c.transactions.delete(k) for k in batch], failure=[]))
+
+    def compact(self, revision: int) -> None:
+        """Drop etcd's history before ``revision`` (every key's, every run's: compaction is
+        cluster-wide); reads and watches at ``revision`` or later still work."""
+        self._call(lambda c: c.compact(revision))
 
     def delete(self, key: str) -> bool:
         return bool(self._call(lambda c: c.delete(key)))
@@ -394,6 +388,7 @@ __all__ = [
     "Lease",
     "StoreError",
     "StoreOptions",
+    "StoreStatus",
     "StoreUnavailable",
     "WatchEvent",
     "connect",
