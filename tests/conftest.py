@@ -92,14 +92,19 @@ def eft_job(request, tmp_path, run_keys):
         node.stop()
 
 
-# Modules that leave threads behind a forked child cannot survive (torch's c10d
-# rendezvous handlers: TCPStore servers, heartbeat timers, many etcd watch streams):
-# several tests fork gloo ranks (start_method="fork"), so these run after all others.
+# A forked child inherits the parent's memory but none of its threads: a lock one of them
+# held (gRPC's pollers and an etcd client's keep-alive, torch's c10d handlers' TCPStore
+# servers and timers) stays locked in the child, which can then hang or crash (a gloo rank
+# segfaulted in init_process_group in 1 CI run). The modules that fork gloo ranks
+# (start_method="fork") run first, before any test has made such a thread; those that
+# leave the most behind run last.
+RUN_FIRST = ("test_worker_hook.py", "test_worker_memory.py", "test_numerics_worker.py")
 RUN_LAST = ("test_rendezvous_torch_contract.py",)
 
 
 def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=lambda item: item.path.name in RUN_LAST)  # stable: order otherwise kept
+    # stable: the order is otherwise kept
+    items.sort(key=lambda item: 0 if item.path.name in RUN_FIRST else 2 if item.path.name in RUN_LAST else 1)
 
 
 @pytest.fixture(scope="session")

@@ -9,18 +9,20 @@ import pytest
 from bench.launch import read_jsonl, wait_for, worker_events
 from elasticft.agent.ckpt_protocol import CheckpointProtocol
 from elasticft.agent.events import EventLog
+from elasticft.contract.exit_codes import ExitCode
 
 
 @pytest.mark.slow
 def test_eft_run_memory_watchdog_saves_exits_and_notifies(tmp_path, eft_job):
-    """End to end: a memory limit the host is always above makes the job save, exit 0 and say so."""
+    """End to end: a memory limit the host is always above makes the job save, stop with the
+    requeue status (fresh processes may well fit) and say so."""
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     out.mkdir()
     sinks = json.dumps([f"file:{tmp_path / 'notify.jsonl'}", f"command:cat >> {tmp_path / 'stdin.jsonl'}"])
     job = eft_job("toy_train.py", out, "--ckpt", ckpt, "--iters", "100000", "--save-interval", "0", nproc=2,
                   eft_flags=["--eft-mem-threshold", "0.01", "--eft-watch-interval", "0.5", "--eft-watch-dirs", ckpt,
                              "--eft-notify", sinks])
-    assert job.wait(90) == 0, job.output()
+    assert job.wait(90) == ExitCode.REQUEUE, job.output()
     notified = read_jsonl(tmp_path / "notify.jsonl")
     kinds = [e["kind"] for e in notified]
     assert kinds[0] == "watchdog" and notified[0]["check"] == "cpu_memory"

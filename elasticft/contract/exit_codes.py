@@ -29,7 +29,7 @@ class ExitCode(enum.IntEnum):
     FAILED = 1  # torchrun's: workers failed after the restarts allowed (or the job-wide budget) ran out
     USAGE = 2  # a mistake in the command line, an EFT_* variable, the etcd options, or a run id in use
     NO_PROGRESS = 3  # gave up: restart cycles made no progress (--eft-max-no-progress-restarts): do not requeue
-    REQUEUE = 4  # saved and stopped before a preemption or time limit (signal, deadline): requeue
+    REQUEUE = 4  # saved and stopped for a preemption, a time limit or a memory watchdog: requeue
 
     @classmethod
     def after_stop(cls, reason: str | None) -> "ExitCode":
