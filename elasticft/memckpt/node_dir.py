@@ -159,9 +159,14 @@ class NodeDir:
                 _remove(parts[k])
 
     def drop_above(self, iteration: int | None) -> None:
-        """Remove own and held parts newer than ``iteration`` (None: all): a timeline the workers left."""
+        """Remove own and held parts newer than ``iteration`` (None: all): a timeline the workers left.
+
+        Not the newest generation's own parts: its workers are the ones that resumed at
+        ``iteration``, so all they wrote is the new timeline, and they may be writing the
+        next iteration already when their report of the restore reaches the agent (a
+        snapshot of that iteration lost its directory mid-save, and the ranks crashed)."""
         floor = -1 if iteration is None else iteration
-        for n in self.generations():  # every generation: an older one may hold the same iteration
+        for n in self.generations()[:-1]:  # every older generation: one may hold the same iteration
             for k, path in _iterations(self.own / generation_dir(n)).items():
                 if k > floor:
                     _remove(path)
