@@ -8,6 +8,7 @@ derived; a flag always wins.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -28,7 +29,6 @@ class Derived:
     def describe(self, job: SlurmJob, margin_mins: float) -> str:
         parts = [f"--{name.replace('_', '-')} {value}" for name, value in self.flags.items()]
         if self.end_time is not None and margin_mins > 0:
-            import time
             at = time.strftime("%H:%M:%S", time.localtime(self.end_time))
             parts.append(f"time limit at {at}: save and exit {margin_mins:g} min before")
         what = ", ".join(parts) or "nothing to derive (flags given)"
