@@ -56,16 +56,31 @@ class Launched:
             env={**os.environ, **(env or {})},
         )
 
+    def processes(self) -> list[psutil.Process]:
+        """The agent and every process under it (torch starts each worker in a session of
+        its own: the agent's process group alone does not hold them)."""
+        try:
+            agent = psutil.Process(self.proc.pid)
+            return [agent, *agent.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def freeze(self, on: bool) -> None:
+        """SIGSTOP (``on``) or SIGCONT the agent and its workers: a node that hangs whole
+        (a kernel stall, a VM paused for migration) and comes back."""
+        for process in self.processes():
+            try:
+                process.suspend() if on else process.resume()
+            except psutil.NoSuchProcess:
+                pass
+
     def kill_node(self) -> None:
         """kill -9 the agent and its workers, as if the machine died.
 
         torch starts each worker in a session of its own, so killing the agent's
         process group alone would leave the workers running.
         """
-        try:
-            descendants = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            descendants = []
+        descendants = self.processes()[1:]
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -40,6 +40,11 @@ class FTConfig:
         3.0,
         "seconds after which a silent node's etcd lease expires and the survivors re-rendezvous",
     )
+    etcd_outage_limit: float = knob(
+        600.0,
+        "seconds a rendezvous needed while etcd is unreachable (a worker died) waits for etcd before the "
+        "job fails; running workers never wait for etcd (--rdzv-conf etcd_outage_limit obeys it too)",
+    )
     node_id: str = knob("", "this node's name under /eft/<run>/nodes/ (default: <hostname>-<pid>)")
     failure_grace: float = knob(
         -1.0,
@@ -67,6 +72,8 @@ class FTConfig:
             raise ConfigError(f"{flag_name('log_level')}: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
         if not self.lease_ttl >= MIN_LEASE_TTL:
             raise ConfigError(f"{flag_name('lease_ttl')}: expected seconds >= {MIN_LEASE_TTL:g}, got {self.lease_ttl}")
+        if not self.etcd_outage_limit > 0:
+            raise ConfigError(f"{flag_name('etcd_outage_limit')}: expected seconds > 0, got {self.etcd_outage_limit}")
 
     @property
     def attribution_window(self) -> float:

@@ -169,6 +169,12 @@ def run(args, settings: Settings) -> ExitCode:
                 # one lease TTL for the node record and the rendezvous keys: a lost node
                 # leaves both at the same moment
                 args.rdzv_conf = ",".join(filter(None, [args.rdzv_conf, f"lease_ttl={settings.ft.lease_ttl:g}"]))
+            if "etcd_outage_limit" in rdzv_conf:  # validated with the rest of --rdzv-conf
+                limit = float(rdzv_conf["etcd_outage_limit"])
+                settings = dataclasses.replace(settings, ft=dataclasses.replace(settings.ft, etcd_outage_limit=limit))
+            else:  # one limit for the rendezvous and for registering again after a fence
+                args.rdzv_conf = ",".join(filter(None, [args.rdzv_conf,
+                                                        f"etcd_outage_limit={settings.ft.etcd_outage_limit:g}"]))
             os.environ["EFT_RUN_ID"] = args.rdzv_id
             os.environ["EFT_ENDPOINT"] = args.rdzv_endpoint
             if embedded is None:
@@ -248,6 +254,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(128 + signal.SIGINT)
     except (UsageError, *USER_ERRORS) as exc:
         # Some of torch's rendezvous errors carry no message: name them at least.
+        log.debug("the error's traceback (for eft's developers)", exc_info=True)
         print(f"eft-run: error: {str(exc) or _describe(exc)}", file=sys.stderr)
         sys.exit(int(ExitCode.USAGE))
 

@@ -16,7 +16,7 @@ from elasticft.contract.keys import RunKeys
 # The strings in every event log written so far: an older eft top reads the same log.
 WIRE = {
     "NODE_JOINED": "node_joined", "NODE_LEFT": "node_left", "NODE_LOST": "node_lost",
-    "NODE_EXCLUDED": "node_excluded", "LAYOUT": "layout", "RESTART": "restart", "CKPT_REQUEST": "ckpt_request",
+    "NODE_EXCLUDED": "node_excluded", "NODE_FENCED": "node_fenced", "LAYOUT": "layout", "RESTART": "restart", "CKPT_REQUEST": "ckpt_request",
     "CKPT_REQUEST_JOINED": "ckpt_request_joined", "CKPT_SAVED": "ckpt_saved", "CKPT_FILTERED": "ckpt_filtered",
     "WATCHDOG": "watchdog", "HANG": "hang", "STRAGGLER": "straggler", "JOB_FINISHED": "job_finished",
     "JOB_FAILED": "job_failed", "NOTIFY_SUPPRESSED": "notify_suppressed", "CKPT_RESTORED": "ckpt_restored",
@@ -34,6 +34,7 @@ SAMPLES = {
     EventKind.NODE_LEFT: {},
     EventKind.NODE_LOST: {"nodes": ["n3", "n4"], "restarts": 2},
     EventKind.NODE_EXCLUDED: {"ranks": [5], "reason": "straggler", "remaining_nodes": 2},
+    EventKind.NODE_FENCED: {"silent": 11.2},
     EventKind.LAYOUT: {"tp": 2, "pp": 1, "dp": 4, "used": 8, "world_size": 12, "spare": [8, 9, 10, 11]},
     EventKind.RESTART: {"reason": "hang", "remaining_restarts": 2, "max_restarts": 3},
     EventKind.CKPT_REQUEST: {"request_id": "abc123", "reason": "risk", "requester": "n0/gpu1", "exit": True,
@@ -151,7 +152,7 @@ def test_the_notified_set_is_what_the_notifier_sends(tmp_path):
         EventKind.NODE_EXCLUDED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED, EventKind.MEM_CKPT_FALLBACK,
         EventKind.MEM_CKPT_PAUSED, EventKind.ROLLBACK, EventKind.TRANSIENT_FAULT, EventKind.DATA_SKIPPED,
         EventKind.NODE_SUSPECT,
-        EventKind.NO_PROGRESS, EventKind.RESTART_BUDGET_EXHAUSTED, EventKind.ETCD_UNAVAILABLE,
+        EventKind.NO_PROGRESS, EventKind.RESTART_BUDGET_EXHAUSTED, EventKind.ETCD_UNAVAILABLE, EventKind.NODE_FENCED,
     }
     out = tmp_path / "sent.jsonl"
     notifier = Notifier([Sink("file", str(out))], rate_limit=0)

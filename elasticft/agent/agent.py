@@ -49,10 +49,12 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousGracefulExitError
 
 from elasticft import torch_seam
+from elasticft.agent.announce import announce
 from elasticft.agent.auto_timeouts import SectionTimeouts
 from elasticft.agent.checkpoints import CheckpointCoordinator
 from elasticft.agent.context import AgentContext, EtcdTarget
 from elasticft.agent.decide import (
+    FENCED,
     REPORT,
     Decision,
     RestartReason,
@@ -168,7 +170,7 @@ class FTElasticAgent(LocalElasticAgent):
                                               ctx.client if ctx else None, ctx.keys if ctx else None)
         self._stops = StopRecorder(ctx.record, self._run_dir) if ctx else None
         self._hangs = HangMonitor(self._settings.hang, timeouts, self._run_dir, ctx.record if ctx else None)
-        self._observer = Observer(ctx.membership if ctx else None, self._hangs, self._ckpt,
+        self._observer = Observer(ctx.membership if ctx else None, ctx.node if ctx else None, self._hangs, self._ckpt,
                                   self._settings.ft.attribution_window,
                                   lambda: set(torch_seam.worker_pids(self).values()), self._numerics)
         self._ckpt.forward_exit_signals()
@@ -228,6 +230,7 @@ class FTElasticAgent(LocalElasticAgent):
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         ctx = self._ctx
         if ctx is not None:
+            ctx.rejoin_if_fenced(self._settings.ft.etcd_outage_limit)
             self._leave_if_excluded(worker_group)
             # (eft's handler builds each round's store address anew: no cached address of a lost rank 0)
             ctx.membership.take_losses()
@@ -242,7 +245,7 @@ class FTElasticAgent(LocalElasticAgent):
             if self._planner is None and worker_group.group_rank == 0:
                 # No model to plan for: still tell `eft top` what this round looks like.
                 self._rounds += 1
-                ctx.client.put(ctx.keys.layout, layout_record(None, self._rounds, world))
+                ctx.publish(ctx.keys.layout, layout_record(None, self._rounds, world))
         log.info("rendezvous complete: node rank %s of %s, world size %s",
                  worker_group.group_rank, worker_group.group_world_size, world)
 
@@ -269,7 +272,7 @@ class FTElasticAgent(LocalElasticAgent):
         chosen = share.plan
         self._rounds += 1
         if group_rank == 0 and self._ctx is not None:
-            self._ctx.client.put(self._ctx.keys.layout, layout_record(chosen, self._rounds))
+            self._ctx.publish(self._ctx.keys.layout, layout_record(chosen, self._rounds))
             self._ctx.record(EventKind.LAYOUT, tp=chosen.tp, pp=chosen.pp, dp=chosen.dp, used=chosen.used,
                              world_size=chosen.world, spare=chosen.spare)
         log.info(
@@ -322,6 +325,9 @@ class FTElasticAgent(LocalElasticAgent):
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         """Every restart is an event; torch has already charged a worker failure to --max-restarts.
         The job-wide count comes first: it may end the job instead (the workers stop as for a restart)."""
+        if self._pending is REPORT and self._observer.fenced():  # torch's own restart, on a fenced node
+            self._pending = FENCED
+            announce(FENCED, self._ctx, self.membership_restarts)
         reason = restart_reason(self._pending, worker_group.state)
         if self._budget is not None:
             self._budget.before_restart(reason, lambda: self._stop_workers(worker_group))
@@ -360,7 +366,9 @@ class FTElasticAgent(LocalElasticAgent):
             # torch restarts the group as for a failed worker, charged to --max-restarts.
             self._failed = self._hangs.failure(list(seen.overruns), worker_group)
             return self._failed
-        self._announce(decision)
+        if decision.reason is RestartReason.MEMBERSHIP:
+            self.membership_restarts += 1
+        announce(decision, self._ctx, self.membership_restarts)
         self._restart_workers(worker_group)
         return RunResult(state=WorkerState.HEALTHY)
 
@@ -371,24 +379,3 @@ class FTElasticAgent(LocalElasticAgent):
         except Exception as exc:  # noqa: BLE001 - a store in trouble is the working nodes' problem
             log.debug("spare node cannot read the exit barrier: %s", exc)
             return False
-
-    def _announce(self, decision: Decision) -> None:
-        """Log (and record) a restart that torch does not charge."""
-        if decision.reason is RestartReason.SIGNAL_SAVE:
-            log.info("workers exited after their signal-driven save; restarting them")
-            return
-        if decision.reason is RestartReason.ROLLBACK:
-            log.warning("workers stopped on bad numbers; restarting them from the last good state")
-            return
-        self.membership_restarts += 1
-        if decision.lost:
-            self._ctx.record(EventKind.NODE_LOST, nodes=[r.node_id for r in decision.lost],
-                             restarts=self.membership_restarts)
-            log.warning(
-                "lost node(s) %s; restarting workers through a new rendezvous "
-                "(a membership change, not charged to --max-restarts)",
-                ", ".join(f"{r.node_id} ({r.host})" for r in decision.lost),
-            )
-        else:
-            log.warning("workers failed while new nodes wait to join; restarting them "
-                        "through a new rendezvous (not charged to --max-restarts)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,9 @@ from elasticft.agent.events import EventLog
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord
 from elasticft.rendezvous.membership import Membership, NodeLease, default_node_id
-from elasticft.store import EtcdClient, Lease, StoreOptions, connect
+from elasticft.contract.events import EventKind
+from elasticft.store import EtcdClient, Lease, StoreError, StoreOptions, connect
+from elasticft.store.outage import is_unavailable, through_outage
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,37 @@ class AgentContext:
     def record(self, kind: str, **fields) -> None:
         """Append an event to the run's log (and notify, when it is a notified kind)."""
         self.events.record(kind, **fields)
+
+    def publish(self, key: str, value: str) -> None:
+        """Write a record that only informs (``eft top``'s layout): a failure is logged, not raised,
+        so that etcd just coming back (its first requests may still fail) cannot fail a restart."""
+        try:
+            self.client.put(key, value)
+        except StoreError as exc:
+            log.log(logging.DEBUG if is_unavailable(exc) else logging.WARNING, "could not write %s: %s", key, exc)
+
+    def fenced(self) -> bool:
+        """etcd let this node's lease expire: its record is gone, the job went on without it.
+        Asks etcd (raises StoreError): the lease keeper hears of an expiry only at its next refresh."""
+        return self.node.lease.lost.is_set() or self.client.get(self.keys.node(self.node_id)) is None
+
+    def rejoin_if_fenced(self, outage_limit: float) -> None:
+        """Register again (same node id) before the next round if the node was fenced off,
+        waiting for etcd up to ``outage_limit`` seconds: a node cut off from etcd rejoins once
+        it reaches etcd again. Raises StoreError."""
+
+        def rejoin() -> float | None:
+            if not self.fenced():
+                return None
+            silent = time.monotonic() - self.node.lease.refreshed_at
+            self.node.rejoin()
+            return silent
+
+        silent = through_outage(rejoin, outage_limit, f"node {self.node_id}'s check of its lease")
+        if silent is not None:
+            log.warning("node %s registered again after %.0f s fenced off; it rejoins at this round",
+                        self.node_id, silent)
+            self.record(EventKind.NODE_FENCED, silent=round(silent, 1))
 
     @classmethod
     def join(cls, target: EtcdTarget, node_id: str, rdzv_addr: str, gpus: int, ttl: float,

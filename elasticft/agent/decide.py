@@ -33,6 +33,7 @@ class RestartReason(enum.StrEnum):
     HANG = "hang"  # a rank overran its section timeout (charged)
     SIGNAL_SAVE = "signal_save"  # workers saved and exited because the agent asked (not charged)
     ROLLBACK = "rollback"  # workers stopped on bad numbers, to re-run from the last good state (not charged)
+    FENCED = "fenced"  # etcd let this node's own lease expire: the others went on without it (not charged)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Observation:
     overruns: tuple = ()
     signal_save: bool = False
     rollback: bool = False  # the workers exited to re-run a bad iteration (elasticft.worker.numerics)
+    fenced: bool = False  # this node's own lease expired (it was frozen, or cut from etcd, too long)
 
 
 @dataclass(frozen=True)
@@ -62,11 +64,16 @@ class Decision:
 
 
 REPORT = Decision(Verdict.REPORT)
+FENCED = Decision(Verdict.RESTART, RestartReason.FENCED, signal.SIGKILL)
 
 
 def decide(seen: Observation) -> Decision:
-    """The rule, in order: a membership change first (its peers' stalls and failures are
-    its consequences), then a hang, then a signal-driven save or a rollback; else torch's own result."""
+    """The rule, in order: this node fenced off first (the job went on without it: its
+    workers must stop before they touch anything the new round owns, and no save of theirs
+    can complete), then a membership change (its peers' stalls and failures are its
+    consequences), then a hang, then a signal-driven save or a rollback; else torch's own result."""
+    if seen.fenced and seen.state is not WorkerState.SUCCEEDED:
+        return FENCED
     if seen.lost is not None and seen.state is not WorkerState.SUCCEEDED:
         kill = bool(seen.lost)  # a dead peer: the survivors' collectives cannot finish a save
         return Decision(Verdict.RESTART, RestartReason.MEMBERSHIP,

@@ -12,17 +12,24 @@ to what etcd still holds.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.run_dir import write_atomically
 from elasticft.store import EtcdClient, StoreError
+from elasticft.store.outage import is_unavailable
 
 log = logging.getLogger(__name__)
+
+# Events held while etcd is out of reach, written when it answers again; beyond this the
+# oldest are dropped (and counted): an outage of hours must not grow the agent without bound.
+HELD_EVENTS = 1000
 
 
 class EventLog:
@@ -33,6 +40,10 @@ class EventLog:
         # An elasticft.agent.notify.Notifier: every recorded event is also offered to it (it
         # picks the kinds worth a notification); how events are stored does not change.
         self.notifier = notifier
+        self._held: collections.deque[tuple[str, str]] = collections.deque(maxlen=HELD_EVENTS)
+        self._lock = threading.Lock()
+        self.dropped = 0  # events lost to the bound on held events
+        self._flushes_on_recovery = False
 
     def record(self, kind: str, **fields) -> None:
         """Append one event of ``kind`` (an ``EventKind``: its value is what the log stores);
@@ -40,12 +51,35 @@ class EventLog:
         now = time.time()
         event = {"kind": kind, "time": now, "source": self._source, **fields}
         name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:6]}"
-        try:
-            self._client.put(self._keys.event(name), json.dumps(event))
-        except StoreError as exc:
-            log.warning("could not record event %s: %s", kind, exc)
+        self._put(self._keys.event(name), json.dumps(event), kind)
         if self.notifier is not None:
             self.notifier.send(event)
+
+    def _put(self, key: str, value: str, kind: str) -> None:
+        try:
+            self._client.put(key, value)
+        except StoreError as exc:
+            if not is_unavailable(exc):
+                log.warning("could not record event %s: %s", kind, exc)
+                return
+            with self._lock:  # etcd away (its Outage said so): keep it for when etcd is back
+                if len(self._held) == self._held.maxlen:
+                    self.dropped += 1
+                self._held.append((key, value))
+                listen, self._flushes_on_recovery = not self._flushes_on_recovery, True
+            if listen:
+                self._client.outage.on_recovered(lambda *_: self.flush())
+
+    def flush(self) -> None:
+        """Write the events held during an outage (their keys keep the time they happened)."""
+        with self._lock:
+            held, dropped = list(self._held), self.dropped
+            self._held.clear()
+        for key, value in held:
+            self._put(key, value, json.loads(value)["kind"])
+        if held:
+            log.info("recorded %d event(s) held while etcd was away%s", len(held),
+                     f"; {dropped} older one(s) dropped" if dropped else "")
 
     def read(self, limit: int | None = None) -> list[dict]:
         """The events, oldest first (the newest ``limit`` when given)."""

@@ -1,6 +1,7 @@
 """The agent's one look at its job: what ``decide`` needs, gathered from where it lives.
 
-Lost nodes come from the membership watch (etcd leases), nodes waiting to join from the
+Lost nodes come from the membership watch (etcd leases; this node's own record among the
+losses, or its lease found expired, means it was fenced off), nodes waiting to join from the
 rendezvous, hung ranks from the heartbeats, a finished signal-driven save from the
 checkpoint coordinator, a rollback from the numbers check's marker. Gathering is I/O and may wait (a failure is given the
 attribution window to be explained by a lost node); deciding is ``decide.py``'s.
@@ -18,13 +19,14 @@ from elasticft.agent.decide import Observation
 from elasticft.agent.hang_monitor import HangMonitor
 from elasticft.agent.numerics import NumericsWatch
 from elasticft.contract.records import NodeRecord
-from elasticft.rendezvous.membership import Membership
+from elasticft.rendezvous.membership import Membership, NodeLease
 
 
 class Observer:
-    def __init__(self, membership: Membership | None, hangs: HangMonitor, ckpt: CheckpointCoordinator,
+    def __init__(self, membership: Membership | None, node: NodeLease | None, hangs: HangMonitor, ckpt: CheckpointCoordinator,
                  attribution_window: float, worker_pids: Callable[[], set[int]], numerics: NumericsWatch):
         self._membership = membership  # None off the etcd-v3 backend: no leases to watch
+        self._node = node  # this node's own record and lease (None off etcd-v3)
         self._hangs = hangs
         self._ckpt = ckpt
         self._window = attribution_window
@@ -37,13 +39,43 @@ class Observer:
             return Observation(state, signal_save=self._ckpt.take_signal_save(),
                                rollback=self._numerics.take_rollback())
         if state in (WorkerState.UNHEALTHY, WorkerState.FAILED):
-            return Observation(state, lost=self._explain_failure(worker_group))
+            lost, fenced = self._own_loss(self._explain_failure(worker_group))
+            return Observation(state, lost=lost, fenced=fenced or self._cut_off())
         membership = self._membership
         lost = tuple(membership.take_losses()) if membership is not None and membership.lost.is_set() else None
+        lost, fenced = self._own_loss(lost)
         overruns = ()
-        if lost is None and worker_group.workers and state is WorkerState.HEALTHY:
+        if lost is None and not fenced and worker_group.workers and state is WorkerState.HEALTHY:
             overruns = tuple(self._hangs.check(self._worker_pids()))
-        return Observation(state, lost=lost, overruns=overruns)
+        return Observation(state, lost=lost, overruns=overruns, fenced=fenced)
+
+    def _own_loss(self, lost: tuple[NodeRecord, ...] | None) -> tuple[tuple[NodeRecord, ...] | None, bool]:
+        """The losses without this node's own record, and whether this node was fenced off:
+        its record vanished from etcd, or etcd said its lease expired."""
+        node = self._node
+        if node is None:
+            return lost, False
+        fenced = node.lease.lost.is_set()
+        if lost:
+            others = tuple(r for r in lost if r.node_id != node.record.node_id)
+            if len(others) < len(lost):
+                fenced, lost = True, others or None
+        return lost, fenced
+
+    def fenced(self) -> bool:
+        """This node is, or may be, fenced off: etcd said its lease expired, or has not confirmed
+        it for longer than its TTL. Asked before a restart torch starts on its own (nodes wait to
+        join): a node that thaws sees the waiting nodes before it hears that its lease expired."""
+        node = self._node
+        return node is not None and (node.lease.lost.is_set() or self._cut_off())
+
+    def _cut_off(self) -> bool:
+        """No refresh of this node's lease reached etcd for longer than its TTL: etcd may have
+        let it expire, and then the others went on without this node, which explains why its
+        workers failed (their peers were restarted). Taken as fenced off, not as a failure to
+        charge: the rendezvous finds out when etcd answers again (an etcd restart keeps leases)."""
+        node = self._node
+        return node is not None and time.monotonic() - node.lease.refreshed_at > node.lease.ttl
 
     def _explain_failure(self, worker_group: WorkerGroup) -> tuple[NodeRecord, ...] | None:
         """The nodes lost (() for a scale-up) if a membership change explains a failure, else None.
@@ -56,6 +88,8 @@ class Observer:
         membership = self._membership
         deadline = time.monotonic() + self._window
         while True:
+            if self._node is not None and (self._node.lease.lost.is_set() or self._cut_off()):
+                return None  # fenced off: told by ``_own_loss`` and ``_cut_off``
             if membership is not None and membership.lost.is_set():
                 return tuple(membership.take_losses())
             # torch caches the rendezvous state for a second: ask again until the deadline.

@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 # Charged to the job-wide budget, as torch charges them to --max-restarts.
 CHARGED_REASONS = frozenset({RestartReason.WORKER_FAILED, RestartReason.HANG})
 # Not the job's doing: neither charged nor judged by the no-progress rule.
-UNJUDGED_REASONS = frozenset({RestartReason.MEMBERSHIP, RestartReason.SIGNAL_SAVE})
+UNJUDGED_REASONS = frozenset({RestartReason.MEMBERSHIP, RestartReason.SIGNAL_SAVE, RestartReason.FENCED})
 MAX_AGENTS = 64  # agent identities a record keeps (enough to tell a live launch from an old one)
 
 

@@ -29,6 +29,9 @@ class EventKind(enum.StrEnum):
     NODE_LEFT = "node_left"
     # The source saw peers' leases expire without a clean exit; nodes (ids), restarts (its count so far).
     NODE_LOST = "node_lost"
+    # etcd let the source's own lease expire (it was frozen, or cut off from etcd, longer than the TTL): it
+    # stopped its workers and registered again, to rejoin at the next round; silent (seconds without a refresh).
+    NODE_FENCED = "node_fenced"
     # The source leaves the job at a restart; ranks (its stragglers), reason, remaining_nodes (None: unknown).
     NODE_EXCLUDED = "node_excluded"
     # Rank 0's agent published the planner's layout for a round; tp, pp, dp, used, world_size, spare (ranks).
@@ -102,7 +105,7 @@ NOTIFIED_KINDS = frozenset({
     EventKind.NODE_EXCLUDED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED, EventKind.MEM_CKPT_FALLBACK,
     EventKind.MEM_CKPT_PAUSED, EventKind.ROLLBACK, EventKind.TRANSIENT_FAULT, EventKind.DATA_SKIPPED,
     EventKind.NODE_SUSPECT,
-    EventKind.NO_PROGRESS, EventKind.RESTART_BUDGET_EXHAUSTED, EventKind.ETCD_UNAVAILABLE,
+    EventKind.NO_PROGRESS, EventKind.RESTART_BUDGET_EXHAUSTED, EventKind.ETCD_UNAVAILABLE, EventKind.NODE_FENCED,
 })
 
 # Every event's own fields (time, source), and what the notifier adds (run, suppressed):
@@ -172,6 +175,9 @@ _LINES: dict[EventKind, Callable[[_Fields], str]] = {
     EventKind.NODE_LOST: lambda f: (
         f"lost node(s) {f.names('nodes')} (reported by {f['source']}); restart{f.part(' {}', 'restarts')} "
         "through a new rendezvous"),
+    EventKind.NODE_FENCED: lambda f: (
+        f"node {f['source']} was fenced off: etcd let its lease expire after {f['silent']} s without a refresh; "
+        "it stopped its workers and rejoins"),
     EventKind.NODE_EXCLUDED: lambda f: (
         f"node {f['source']} left the job at a restart: {f.event.get('reason') or 'straggler'} rank(s) {f['ranks']}; "
         f"{f['remaining_nodes']} node(s) go on"),

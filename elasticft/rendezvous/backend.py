@@ -67,7 +67,10 @@ class EtcdRendezvousOptions:
     join_timeout: float = 600.0
     store_timeout: float = 900.0
 
-    ETCD_KEYS = ("key_prefix", "cacert", "cert", "key", "user", "password", "lease_ttl", "etcd_timeout")
+    etcd_outage_limit: float = 600.0
+
+    ETCD_KEYS = ("key_prefix", "cacert", "cert", "key", "user", "password", "lease_ttl", "etcd_timeout",
+                 "etcd_outage_limit")
 
     @classmethod
     def from_params(cls, params: RendezvousParameters) -> EtcdRendezvousOptions:
@@ -123,6 +126,7 @@ class EtcdRendezvousOptions:
             lease_ttl=number("lease_ttl", None, MIN_LEASE_TTL),
             join_timeout=number("join_timeout", 600.0),
             store_timeout=number("timeout", 900.0),
+            etcd_outage_limit=number("etcd_outage_limit", 600.0),
         )
 
 
@@ -178,7 +182,8 @@ def create_handler(params: RendezvousParameters, client: EtcdClient | None = Non
     store = EtcdStore(client, keys.c10d, timeout=timedelta(seconds=options.store_timeout))
     close_timeout = params.config.get("close_timeout")  # validated by from_params
     return EtcdRendezvousHandler(rounds, store, params.run_id, params.local_addr,
-                                 close_timeout=float(close_timeout) if close_timeout is not None else None)
+                                 close_timeout=float(close_timeout) if close_timeout is not None else None,
+                                 outage_limit=options.etcd_outage_limit)
 
 
 def rendezvous_round(handler: RendezvousHandler) -> int:

@@ -39,6 +39,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 from elasticft.contract.keys import BACKEND_NAME
 from elasticft.rendezvous.rounds import Round, Rounds
 from elasticft.store import StoreError, StoreUnavailable
+from elasticft.store.errors import LeaseNotFound
+from elasticft.store.outage import through_outage
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +73,9 @@ def node_name(local_addr: str | None) -> str:
 
 class EtcdRendezvousHandler(RendezvousHandler):
     def __init__(self, rounds: Rounds, store: dist.Store, run_id: str, local_addr: str | None,
-                 close_timeout: float | None = None):
+                 close_timeout: float | None = None, outage_limit: float = 600.0):
         self._rounds = rounds
+        self._outage_limit = outage_limit
         self._store = store
         self._addr = local_addr or socket.getfqdn()
         limits = rounds.limits
@@ -111,7 +114,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
 
     def next_rendezvous(self) -> RendezvousInfo:
         with store_errors_as_connection_errors():
-            self.round = formed = self._rounds.join()
+            self.round = formed = self._join_through_outages()
         store = dist.PrefixStore(f"torch.rendezvous.{self._settings.run_id}.{formed.number}", self._store)
         server_port = None
         if self.use_agent_store:
@@ -126,6 +129,28 @@ class EtcdRendezvousHandler(RendezvousHandler):
                 server_port = self._tcp_store_server.port
         bootstrap = RendezvousStoreInfo.build(formed.rank, store, local_addr=self._addr, server_port=server_port)
         return RendezvousInfo(store, formed.rank, formed.size, bootstrap)
+
+    def _join_through_outages(self) -> Round:
+        """Join a round; while etcd is out of reach, wait for it up to the outage limit.
+
+        A worker that dies while etcd is away needs a rendezvous that cannot happen yet.
+        Failing the job for it would let the control plane stop training; waiting costs
+        only the outage, since every other node restarts into the same round when etcd is back.
+        """
+        expired = 0
+
+        def join() -> Round:
+            nonlocal expired
+            try:
+                return self._rounds.join()
+            except LeaseNotFound:
+                # the lease expired while this node was frozen or cut off: join again under a new one
+                expired += 1
+                if expired > 2:
+                    raise
+                return join()
+
+        return through_outage(join, self._outage_limit, f"the rendezvous of {self._settings.run_id}")
 
     def is_closed(self) -> bool:
         with store_errors_as_connection_errors():

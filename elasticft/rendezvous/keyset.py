@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from elasticft.store import EtcdClient, StoreError, WatchEvent
 from elasticft.store.client import prefix_end
+from elasticft.store.outage import is_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,8 @@ class KeySet:
 
     def _on_error(self, exc: Exception) -> None:
         if not self._closed:
-            log.warning("rendezvous watch on %s broke: %s", self._start, exc)
+            log.log(logging.DEBUG if is_unavailable(exc) else logging.WARNING,
+                    "rendezvous watch on %s broke: %s", self._start, exc)
             self.broken = True
             self._changed()
 

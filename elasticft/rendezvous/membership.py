@@ -48,6 +48,14 @@ class NodeLease:
         self.record.state = NodeState(state)
         self._client.put(self._key, self.record.to_json(), lease=self.lease)
 
+    def rejoin(self) -> None:
+        """Register again, same node id and record, after etcd let the lease expire (the node was
+        frozen, or cut from etcd, for longer than the TTL; the others went on without it).
+        Raises StoreError."""
+        self.lease.regrant()
+        self.record.state = NodeState.RUNNING
+        self._client.put(self._key, self.record.to_json(), lease=self.lease)
+
     def close(self, clean: bool) -> None:
         """Leave the job (a second call does nothing).
 
@@ -116,7 +124,8 @@ class Membership:
     def _on_error(self, exc: Exception) -> None:
         if self._closed:
             return
-        log.warning("watch on %s broke (%s); resubscribing", self._prefix, exc)
+        log.log(logging.DEBUG if is_unavailable(exc) else logging.WARNING,
+                "watch on %s broke (%s); resubscribing", self._prefix, exc)
 
         def resubscribe():
             while not self._closed:

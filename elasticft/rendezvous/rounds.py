@@ -46,6 +46,7 @@ from elasticft.contract.keys import RunKeys
 from elasticft.rendezvous.keyset import KeySet
 from elasticft.store import EtcdClient, Lease, StoreError
 from elasticft.store.client import prefix_end
+from elasticft.store.errors import LeaseNotFound
 
 # Decisions kept after newer rounds formed: a node slow to read its round's decision
 # still finds it (a decision is ~40 bytes; rounds happen at membership changes only).
@@ -88,6 +89,7 @@ class Rounds:
         self._lease: Lease | None = None
         self._joined: tuple[int, str] | None = None  # (round, my participant key)
         self._roles: list[str] = []  # closer / waiting keys I created in the round I am in
+        self._leftover: list[str] = []  # my keys a failed join could not delete (etcd away): next join's
         self._woken = threading.Condition()
         self._generation = 0
         self._control: KeySet | None = None  # the control keys, watched from join to leave
@@ -149,8 +151,15 @@ class Rounds:
         key = self._keys.rdzv_participant(number, self.node)
         lease = self._ensure_lease()
         stale = self._roles + ([self._joined[1]] if self._joined is not None and self._joined[1] != key else [])
-        revision = self._client.put_and_delete(key, json.dumps({"node": self.node}), lease, stale)
-        self._joined, self._roles = (number, key), []
+        stale += [k for k in self._leftover if k != key and k not in stale]
+        try:
+            revision = self._client.put_and_delete(key, json.dumps({"node": self.node}), lease, stale)
+        except LeaseNotFound:
+            # etcd let my lease expire (frozen, or cut off from etcd) before its keeper heard:
+            # my keys went with it; take a new lease and enter afresh
+            lease.lost.set()
+            revision = self._client.put_and_delete(key, json.dumps({"node": self.node}), self._ensure_lease(), [])
+        self._joined, self._roles, self._leftover = (number, key), [], []
         return revision
 
     def _claim(self, key: str) -> None:
@@ -202,6 +211,11 @@ class Rounds:
                     self._start_watching_round(formed)
                     return formed
                 number = max(number + 1, self._first_undecided(self._watch_control()))
+        except LeaseNotFound:
+            if self._lease is not None:
+                self._lease.lost.set()  # the next join takes a new one
+            self._drop_keys()
+            raise
         except BaseException:
             self._drop_keys()
             raise
@@ -347,7 +361,9 @@ class Rounds:
             try:
                 self._client.delete(key)
             except StoreError:
-                pass  # the lease will take it
+                # etcd away: my lease lives on (etcd extends leases when it restarts), and a key
+                # of mine left in the round before would keep the next round from ever forming
+                self._leftover.append(key)
 
     def leave(self) -> None:
         """Stop taking part: my keys vanish with my lease, the rendezvous stays open."""

@@ -17,7 +17,7 @@ import pyetcd
 from pyetcd import exceptions as etcd_exceptions
 from pyetcd.events import DeleteEvent
 
-from elasticft.store.errors import StoreError, StoreUnavailable, one_line
+from elasticft.store.errors import StoreError, StoreUnavailable, error_of, one_line, watch_error
 from elasticft.store.lease import Lease, LeaseKeeper
 from elasticft.store.options import CHANNEL_OPTIONS, FAILED_ENDPOINT_RETRY, StoreOptions
 from elasticft.store.outage import Outage, outage_of
@@ -79,7 +79,7 @@ class EtcdClient:
             self.outage.failure(sent)
             raise StoreUnavailable(f"etcd at {self.options.endpoints} is unreachable") from exc
         except (etcd_exceptions.Etcd3Exception, grpc.RpcError) as exc:
-            raise StoreError(f"etcd request failed: {one_line(exc)}") from exc
+            raise error_of(exc) from exc
         except ValueError as exc:
             if "failed node" not in str(exc):  # pyetcd: "Trying to use a failed node"
                 raise
@@ -333,7 +333,7 @@ class EtcdClient:
         def callback(response):
             if isinstance(response, Exception) or response is None:
                 if on_error is not None:
-                    on_error(response or StoreError("watch stream closed"))
+                    on_error(watch_error(response, self.options.endpoints))
                 return
             events = [
                 WatchEvent(

@@ -25,16 +25,26 @@ class Lease:
     """An etcd lease kept alive by its client's ``LeaseKeeper`` every ``ttl / 3`` seconds.
 
     If etcd answers that the lease is gone (it expired while refreshes could not
-    reach etcd), ``lost`` is set so the owner can react.
+    reach etcd), ``lost`` is set so the owner can react; ``regrant`` replaces it.
     """
 
     def __init__(self, client, ttl: float):
         self._client = client
         self.ttl = max(1, int(round(ttl)))
-        self._lease = client._call(lambda c: c.lease(self.ttl))
-        self.id: int = self._lease.id
         self.lost = threading.Event()
-        client._keeper.add(self)
+        self.regrant()
+
+    def regrant(self) -> None:
+        """A new lease of the same TTL in this object, e.g. after ``lost``: whoever holds the
+        object writes under the new one from now on. Raises StoreError."""
+        old = getattr(self, "id", None)
+        self._lease = self._client._call(lambda c: c.lease(self.ttl))
+        if old is not None:
+            self._client._keeper.forget(old)  # if it still lives, it ends on its own
+        self.id: int = self._lease.id
+        self.refreshed_at = time.monotonic()  # when etcd last confirmed the lease (monotonic)
+        self.lost.clear()
+        self._client._keeper.add(self)
 
     def revoke(self) -> None:
         self._client._keeper.remove(self)
@@ -76,8 +86,11 @@ class LeaseKeeper:
             self._changed.notify_all()
 
     def remove(self, lease: Lease) -> None:
+        self.forget(lease.id)
+
+    def forget(self, lease_id: int) -> None:
         with self._lock:
-            self._leases.pop(lease.id, None)
+            self._leases.pop(lease_id, None)
 
     def stop(self) -> None:
         with self._lock:
@@ -105,6 +118,7 @@ class LeaseKeeper:
                     self._lock.acquire()
 
     def _refresh(self, leases: dict[int, Lease]) -> None:
+        sent = time.monotonic()
         try:
             granted = self._client._call(lambda c: _keep_alive(c, list(leases)))
         except StoreError as exc:  # etcd away: its Outage says so, once
@@ -113,7 +127,10 @@ class LeaseKeeper:
             return
         for lease_id, lease in leases.items():
             ttl = granted.get(lease_id)
-            if ttl is not None and ttl <= 0:
-                log.error("etcd lease %x expired on the server", lease_id)
-                self.remove(lease)
-                lease.lost.set()
+            if ttl is not None and ttl > 0:
+                lease.refreshed_at = sent  # etcd counts the TTL from no later than this
+            elif ttl is not None:
+                log.warning("etcd lease %x expired on the server", lease_id)
+                self.forget(lease_id)
+                if lease.id == lease_id:  # not regranted meanwhile
+                    lease.lost.set()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Callable, TypeVar
 
 from elasticft.store.errors import StoreError, StoreUnavailable
 
@@ -102,6 +102,31 @@ def outage_of(endpoints: str) -> Outage:
     """The one Outage of ``endpoints`` in this process, shared by all its clients."""
     with _REGISTRY_LOCK:
         return _OUTAGES.setdefault(endpoints, Outage(endpoints))
+
+
+T = TypeVar("T")
+OUTAGE_RETRY = 0.5  # seconds between attempts while etcd is out of reach: nothing to await meanwhile
+
+
+def through_outage(attempt: Callable[[], T], limit: float, what: str) -> T:
+    """``attempt()``, again every OUTAGE_RETRY s while etcd is out of reach, up to ``limit`` s.
+
+    For what cannot happen without etcd (a rendezvous, registering again): failing at once
+    would let an etcd restart end the job. The wait is said once when it starts; past the
+    limit, StoreUnavailable names the flag that sets it.
+    """
+    started = None
+    while True:
+        try:
+            return attempt()
+        except StoreUnavailable as exc:
+            now = time.monotonic()
+            if started is None:
+                started = now
+                log.warning("etcd is out of reach: %s waits for it, up to %g s (--eft-etcd-outage-limit)", what, limit)
+            if now - started >= limit:
+                raise StoreUnavailable(f"{exc}: {what} waited {limit:g} s for it (--eft-etcd-outage-limit)") from None
+            time.sleep(OUTAGE_RETRY)
 
 
 def is_unavailable(exc: StoreError) -> bool:
