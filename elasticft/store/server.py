@@ -9,6 +9,7 @@ PR_SET_PDEATHSIG so that even a SIGKILLed launcher leaves no etcd running.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 import importlib.util
 import logging
 import os
@@ -79,11 +80,18 @@ def _die_with_parent() -> None:
 
 
 class EmbeddedEtcd:
-    """A single-member etcd on loopback; use as a context manager."""
+    """A single-member etcd on loopback; use as a context manager.
 
-    def __init__(self, binary: str = "", start_timeout: float = 30.0):
+    ``host`` and ``wrapper`` serve tests that put etcd elsewhere: it listens on ``host``
+    and runs as ``wrapper + [etcd, ...]`` (``ip netns exec NS``: in a network namespace).
+    """
+
+    def __init__(self, binary: str = "", start_timeout: float = 30.0, host: str = "127.0.0.1",
+                 wrapper: Sequence[str] = ()):
         self.binary = find_etcd(binary)
         self.start_timeout = start_timeout
+        self.host = host
+        self.wrapper = list(wrapper)
         self.data_dir: str | None = None
         self.port: int | None = None
         self._peer_port: int | None = None
@@ -91,7 +99,7 @@ class EmbeddedEtcd:
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -122,11 +130,12 @@ class EmbeddedEtcd:
                              + Path(self.data_dir, "etcd.log").read_text(errors="replace")[-2000:])
 
     def _launch(self) -> bool:
-        client_url, peer_url = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self._peer_port}"
+        client_url, peer_url = f"http://{self.host}:{self.port}", f"http://{self.host}:{self._peer_port}"
         log_path = os.path.join(self.data_dir, "etcd.log")
         with open(log_path, "ab") as log_file:
             self._proc = subprocess.Popen(
                 [
+                    *self.wrapper,
                     self.binary,
                     "--name", "eft",
                     "--data-dir", os.path.join(self.data_dir, "data"),
