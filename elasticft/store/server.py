@@ -9,7 +9,6 @@ PR_SET_PDEATHSIG so that even a SIGKILLed launcher leaves no etcd running.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
 import importlib.util
 import logging
 import os
@@ -19,6 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from elasticft.store.client import StoreError, StoreOptions, connect

@@ -1,0 +1,152 @@
+"""Network partitions between real hosts: training goes on at the right world size, no commit is lost.
+
+Two eft-run nodes (``--nnodes 1:2``, one gloo worker each) train the example loop, each in
+a network namespace of its own with etcd in a third (tests/netns.py). Node 1 is then cut
+off, silently (frames dropped, no RST): from etcd only, from its peer only, from both, or
+its cable is pulled; after a while the network heals. Node 0 must train on alone while
+node 1 is away where it can (it still reaches etcd), both must train together again
+after the heal, and no checkpoint committed before the fault may be lost: training never
+resumes from an older one, and the newest loads.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.launch import ROOT, Launched, eft_run, wait_for
+from elasticft.worker import CheckpointDir
+from tests.netns import NetnsCluster, unavailable_reason
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+LOOP = ROOT / "examples" / "minimal_train.py"
+# A collective with a cut-off peer blocks in gloo for its 30 min default: eft's hang
+# monitor bounds a step (a normal one takes ~0.05 s) to this many seconds.
+STEP_LIMIT = 10
+# Seconds a long fault lasts: beyond the lease TTL (3 s), the step limit and the 10 s an etcd
+# request waits, so that node 1 needs etcd while it is still out of reach.
+LONG = 40
+_ROUND = re.compile(r"rendezvous complete: node rank (\d+) of (\d+), world size (\d+)")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with NetnsCluster(nodes=2, workdir=tmp_path) as made:
+        yield made
+
+
+def start(cluster: NetnsCluster, ckpt: Path, logs: Path) -> list[Launched]:
+    """Both nodes of the job, each in its namespace, advertising its own address."""
+    return [cluster.launch(i, [*eft_run(), "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "etcd-v3",
+                               "--rdzv-endpoint", cluster.etcd_endpoint, "--rdzv-id", "partitions",
+                               "--local-addr", cluster.node_ip(i), "--monitor-interval", "0.1",
+                               "--max-restarts", "100", "--eft-timeouts", f"step={STEP_LIMIT}",
+                               str(LOOP), "--steps", "1000000", "--step-seconds", "0.05", "--save", str(ckpt)],
+                           logs / f"node{i}.log")
+            for i in range(2)]
+
+
+def world_sizes(node: Launched, since: int = 0) -> list[int]:
+    """The world size of every rendezvous this node completed, from its ``since``-th on."""
+    return [int(m.group(3)) for m in _ROUND.finditer(node.output())][since:]
+
+
+def saves(nodes: list[Launched]) -> list[int]:
+    """Every iteration rank 0 committed, whichever node it was on, in log order per node."""
+    return [int(line.split()[1]) for n in nodes for line in n.output().splitlines()
+            if line.startswith("step ") and "(saved" in line]
+
+
+def starts(nodes: list[Launched]) -> list[int]:
+    """The step each start of the training loop resumed from."""
+    return [int(m.group(1)) for n in nodes for m in re.finditer(r"starting at step (\d+)", n.output())]
+
+
+def newest_loadable(ckpt: Path) -> int:
+    """The iteration the tracker names, loaded as the loop loads it."""
+    step, state = CheckpointDir(ckpt).load_latest(lambda path, _: torch.load(Path(path) / "model.pt"))
+    assert state is not None and "model" in state, f"no checkpoint in {ckpt} loads"
+    return step
+
+
+class NodeExited(AssertionError):
+    """A node's eft-run ended during the test: it will not come back by itself."""
+
+
+def alive(nodes: list[Launched]) -> None:
+    """Fail at once, with its log, when a node's eft-run has exited."""
+    for i, node in enumerate(nodes):
+        if node.proc.poll() is not None:
+            raise NodeExited(f"node{i}'s eft-run exited with {node.proc.returncode}:\n{node.output()[-3000:]}")
+
+
+def training_together(nodes: list[Launched], past: int) -> None:
+    """Wait until both nodes' newest round has world size 2 and rank 0 committed 20 steps beyond ``past``."""
+    def together() -> bool:
+        alive(nodes)
+        return all(world_sizes(n)[-1:] == [2] for n in nodes)
+
+    wait_for(together, 120, "both nodes in a round of world size 2")
+    wait_for(lambda: max(saves(nodes), default=0) >= past + 20, 120, f"saves beyond step {past + 20}")
+    assert together(), "the 2-node round ended again"
+
+
+def logs_of(nodes: list[Launched]) -> str:
+    return "\n".join(f"--- node{i} ---\n{n.output()[-4000:]}" for i, n in enumerate(nodes))
+
+
+FAULTS = {
+    "etcd": lambda c: c.cut(1, from_="etcd"),
+    "peers": lambda c: c.cut(1, from_="peers"),
+    "both": lambda c: c.cut(1, from_="all"),
+    "link": lambda c: c.link_down(1),
+}
+# Observed on 2026-11-24 (etcd-sdk-python, torch 2.13): node 1's agent needs a new round while
+# it cannot reach etcd; the join's request fails after its 10 s timeout, and eft-run exits
+# ("eft-run: error: etcd-v3 rendezvous: etcd at ... is unreachable", after "could not close
+# it") instead of waiting for etcd, so node 1 never rejoins after the heal.
+EXITS_WITHOUT_ETCD = pytest.mark.xfail(strict=True, raises=NodeExited, reason=(
+    "a node that needs a new rendezvous while etcd is out of its reach exits (eft-run: error: etcd-v3 "
+    "rendezvous: etcd at ... is unreachable) instead of waiting for etcd and rejoining (issue 15)"))
+
+
+@pytest.mark.parametrize(("fault", "away"), [
+    pytest.param("etcd", 0, id="etcd-healed-soon"),  # healed once node 0 trains alone: node 1 rejoins
+    pytest.param("etcd", LONG, id="etcd", marks=EXITS_WITHOUT_ETCD),
+    pytest.param("peers", LONG, id="peers"),
+    pytest.param("both", LONG, id="both", marks=EXITS_WITHOUT_ETCD),
+    pytest.param("link", LONG, id="link-drop", marks=EXITS_WITHOUT_ETCD),
+])
+def test_training_survives_a_partition_of_one_node(cluster, tmp_path, fault, away):
+    """Node 1 cut off ``fault``-wise for at least ``away`` s, then healed; the job must be whole again."""
+    ckpt = tmp_path / "ckpt"
+    nodes = start(cluster, ckpt, tmp_path)
+    wait_for(lambda: all(2 in world_sizes(n) for n in nodes), 120, "a 2-node round")
+    wait_for(lambda: max(saves(nodes), default=0) >= 20, 120, "the first saves")
+    committed = max(CheckpointDir(ckpt).complete_iterations())
+    rounds = [len(world_sizes(n)) for n in nodes]
+
+    FAULTS[fault](cluster)
+    heal_at = time.monotonic() + away
+    if fault == "peers":  # both still reach etcd: the job stalls in a hung step, seen and restarted
+        wait_for(lambda: all("hang: rank" in n.output() for n in nodes), STEP_LIMIT + 10, "the hang to be seen")
+    else:  # node 0 still reaches etcd, node 1 does not: node 0 trains on alone
+        wait_for(lambda: 1 in world_sizes(nodes[0], rounds[0]), 60, "node 0 to go on at world size 1")
+        alone = max(saves(nodes))
+        wait_for(lambda: max(saves(nodes)) >= alone + 20, 60, "node 0 to save on its own")
+    time.sleep(max(0.0, heal_at - time.monotonic()))  # the fault itself: the network stays apart
+    cluster.heal() if fault != "link" else cluster.link_up(1)
+    training_together(nodes, max(saves(nodes)))
+
+    logs = logs_of(nodes)
+    resumed = starts(nodes)
+    assert resumed.count(0) == 1 and all(s >= committed for s in resumed if s), logs  # nothing committed lost
+    assert newest_loadable(ckpt) > committed
