@@ -3,6 +3,7 @@
     with NetnsCluster(nodes=2, workdir=tmp_path) as cluster:   # needs root and `ip netns`
         cluster.etcd_endpoint                   # "10.231.X.2:PORT": a real etcd in its own namespace
         node = cluster.launch(0, [...eft-run...], log_path)   # bench.launch.Launched, inside node 0's namespace
+        cluster.run(0, ["ip", "addr"])          # to its end: a subprocess.CompletedProcess
         cluster.node_ip(0)                      # the address to pass as --local-addr
         cluster.cut(0, from_="etcd")            # or "peers", "all", or another node's index
         cluster.heal()                          # every cut undone
@@ -78,7 +79,8 @@ def _kill_inside(ns: str) -> None:
             pass
 
 
-def _namespaces() -> list[str]:
+def namespaces() -> list[str]:
+    """The names ``ip netns list`` shows."""
     listed = subprocess.run(["ip", "netns", "list"], check=False, capture_output=True, text=True).stdout
     return [line.split()[0] for line in listed.splitlines() if line.strip()]
 
@@ -86,7 +88,7 @@ def _namespaces() -> list[str]:
 def sweep_stale() -> list[str]:
     """Remove the namespaces (and with them their cables and bridge) of harnesses whose process died."""
     removed = []
-    for ns in _namespaces():
+    for ns in namespaces():
         match = _NAME.match(ns)
         if match and not psutil.pid_exists(int(match.group(1))):
             _kill_inside(ns)
@@ -182,7 +184,7 @@ class NetnsCluster:
         # Namespaces are destroyed in the background: the cable in this one would linger a moment.
         _ip("link", "del", self._own_port, check=False)
         for ns in [*self.node_ns, self.etcd_ns, self.switch]:
-            if ns in _namespaces():
+            if ns in namespaces():
                 _kill_inside(ns)
                 _ip("netns", "del", ns, check=False)
 
@@ -199,6 +201,11 @@ class NetnsCluster:
         launched = Launched(["ip", "netns", "exec", self.node_ns[node], *cmd], log_path, env=env)
         self.launched.append(launched)
         return launched
+
+    def run(self, node: int, cmd: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
+        """``cmd`` in node ``node``'s namespace, to its end; its output captured as text."""
+        return subprocess.run(["ip", "netns", "exec", self.node_ns[node], *cmd], check=False, capture_output=True,
+                              text=True, timeout=timeout)
 
     # -- faults ------------------------------------------------------------------------
 

@@ -12,6 +12,8 @@ resumes from an older one, and the newest loads.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import torch
 
 from bench.launch import ROOT, Launched, eft_run, wait_for
 from elasticft.worker import CheckpointDir
-from tests.netns import NetnsCluster, unavailable_reason
+from tests.netns import NetnsCluster, namespaces, unavailable_reason
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -150,3 +152,30 @@ def test_training_survives_a_partition_of_one_node(cluster, tmp_path, fault, awa
     resumed = starts(nodes)
     assert resumed.count(0) == 1 and all(s >= committed for s in resumed if s), logs  # nothing committed lost
     assert newest_loadable(ckpt) > committed
+
+
+def connect(cluster: NetnsCluster, node: int, address: str, port: int) -> str:
+    """What node ``node`` sees when it opens a TCP connection: open, refused or timeout."""
+    probe = (f"import socket\ntry:\n    socket.create_connection(({address!r}, {port}), 1.5); print('open')\n"
+             "except ConnectionRefusedError: print('refused')\nexcept TimeoutError: print('timeout')")
+    return cluster.run(node, [sys.executable, "-c", probe]).stdout.strip()
+
+
+def test_a_cut_drops_frames_silently_until_healed_and_nothing_is_left(cluster):
+    """The harness itself: a cut times out (no RST), only between the nodes named; close removes all."""
+    port = cluster.etcd.port
+    assert connect(cluster, 0, cluster.etcd_ip, port) == "open"
+    assert connect(cluster, 0, cluster.node_ip(1), port) == "refused"  # reachable, nothing listens
+    cluster.cut(0, from_="etcd")
+    assert connect(cluster, 0, cluster.etcd_ip, port) == "timeout"
+    assert connect(cluster, 1, cluster.etcd_ip, port) == "open"
+    assert connect(cluster, 0, cluster.node_ip(1), port) == "refused"
+    cluster.heal()
+    cluster.link_down(0)
+    assert connect(cluster, 0, cluster.etcd_ip, port) == "timeout"
+    cluster.link_up(0)
+    assert connect(cluster, 0, cluster.etcd_ip, port) == "open"
+    cluster.close()
+    assert not [ns for ns in namespaces() if ns.startswith(cluster.prefix)]
+    here = subprocess.run(["ip", "-4", "-o", "addr"], check=True, capture_output=True, text=True).stdout
+    assert f" {cluster.subnet}." not in here  # the test's own port went with the switch
