@@ -18,8 +18,8 @@ a port too (``10.231.X.1``), so that it can talk to etcd, but is never cut.
 A cut drops frames silently in both directions, as a partitioned network does (no RST, no
 ICMP): each side's neighbour entry for the other names a MAC address no one owns, so the
 frames leave, the bridge floods them and every port discards them. It needs nothing but
-iproute2 (no iptables or nft, neither of which the CI machines have, nor tc's drop action,
-which their kernel lacks). ``link_down`` sets the switch's end of a node's cable down: the
+iproute2: the machine this was written on had neither iptables nor nft, and its kernel
+had no tc drop action (act_gact). ``link_down`` sets the switch's end of a node's cable down: the
 node's ``eth0`` keeps its address and routes, its packets vanish.
 
 Names carry the creating process's pid (``eft-<pid>-<seq>-<role>``): ``close`` removes them
