@@ -116,21 +116,12 @@ FAULTS = {
     "both": lambda c: c.cut(1, from_="all"),
     "link": lambda c: c.link_down(1),
 }
-# Observed on 2026-11-24 (etcd-sdk-python, torch 2.13): node 1's agent needs a new round while
-# it cannot reach etcd; the join's request fails after its 10 s timeout, and eft-run exits
-# ("eft-run: error: etcd-v3 rendezvous: etcd at ... is unreachable", after "could not close
-# it") instead of waiting for etcd, so node 1 never rejoins after the heal.
-EXITS_WITHOUT_ETCD = pytest.mark.xfail(strict=True, raises=NodeExited, reason=(
-    "a node that needs a new rendezvous while etcd is out of its reach exits (eft-run: error: etcd-v3 "
-    "rendezvous: etcd at ... is unreachable) instead of waiting for etcd and rejoining (issue 15)"))
-
-
 @pytest.mark.parametrize(("fault", "away"), [
     pytest.param("etcd", 0, id="etcd-healed-soon"),  # healed once node 0 trains alone: node 1 rejoins
-    pytest.param("etcd", LONG, id="etcd", marks=EXITS_WITHOUT_ETCD),
+    pytest.param("etcd", LONG, id="etcd"),
     pytest.param("peers", LONG, id="peers"),
-    pytest.param("both", LONG, id="both", marks=EXITS_WITHOUT_ETCD),
-    pytest.param("link", LONG, id="link-drop", marks=EXITS_WITHOUT_ETCD),
+    pytest.param("both", LONG, id="both"),
+    pytest.param("link", LONG, id="link-drop"),
 ])
 def test_training_survives_a_partition_of_one_node(cluster, tmp_path, fault, away):
     """Node 1 cut off ``fault``-wise for at least ``away`` s, then healed; the job must be whole again."""
