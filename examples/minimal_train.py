@@ -25,6 +25,8 @@ def main() -> None:
     parser.add_argument("--save", default=os.path.join(os.getcwd(), "minimal-ckpt"))
     parser.add_argument("--save-interval", type=int, default=10)
     parser.add_argument("--step-seconds", type=float, default=0.0, help="extra time per step (a model's compute)")
+    parser.add_argument("--log-interval", type=int, default=0,
+                        help="rank 0 prints 'iteration N loss X' every N steps (0: only at saves)")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -56,6 +58,8 @@ def main() -> None:
         time.sleep(args.step_seconds)
         step += 1
         action = hook.step(step)
+        if rank == 0 and args.log_interval and step % args.log_interval == 0:
+            print(f"iteration {step} loss {loss.item():.4f}", flush=True)
         if action.save or step % args.save_interval == 0:
             started = time.time()
             path = checkpoints.path_for(step)
