@@ -170,7 +170,8 @@ class EtcdClient:
                 for kv in response.kvs]
 
     def status(self) -> StoreStatus:
-        return StoreStatus(self._call(lambda c: c.status()).db_size, self.revision())
+        reply = self._call(lambda c: c.status())
+        return StoreStatus(reply.db_size, self.revision(), reply.leader.name if reply.leader else "")
 
     def revision(self) -> int:
         def read(c):

@@ -17,11 +17,13 @@ class KeyValue:
 @dataclass(frozen=True)
 class StoreStatus:
     """What the answering etcd member says of itself: its database file's size (bytes; it
-    grows with history until compacted, and does not shrink without a defragment) and the
-    store revision."""
+    grows with history until compacted, and does not shrink without a defragment), the
+    store revision, and the name of the member it knows as the cluster's leader ("" while
+    there is none: an election)."""
 
     db_size: int
     revision: int
+    leader: str = ""
 
 
 @dataclass(frozen=True)
