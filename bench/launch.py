@@ -92,6 +92,21 @@ class Launched:
                 pass
         self.proc.wait()
 
+    def signal_node(self, sig: int) -> None:
+        """Send ``sig`` to the agent and every process it started (SIGSTOP: a frozen
+        machine; SIGCONT: it wakes). Workers sit in sessions of their own, so each is
+        signalled by pid, not through the agent's process group."""
+        try:
+            agent = psutil.Process(self.proc.pid)
+            processes = [agent, *agent.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for process in processes:
+            try:
+                process.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+
     def wait(self, timeout: float) -> int:
         try:
             return self.proc.wait(timeout=timeout)
