@@ -53,6 +53,15 @@ def ready(job: ChaosJob, nodes: int) -> bool:
     return job.steps()[-1][1] % SAVE_INTERVAL >= SAVE_INTERVAL // 2 + 1
 
 
+def endpoint_for(row: Row, etcd) -> str:
+    """The agents' --rdzv-endpoint; with several members, the row's member at its head."""
+    if row.etcd_members == 1:
+        return etcd.endpoint
+    leader = etcd.leader()
+    follower = next(i for i in etcd.alive() if i != leader)
+    return etcd.endpoint_from(leader if row.agents_on == "leader" else follower)
+
+
 def run_row(row: Row, workdir: Path) -> Outcome:
     """Run ``row`` on a fresh job in ``workdir``; what it saw."""
     reason = row.needs()
@@ -61,7 +70,7 @@ def run_row(row: Row, workdir: Path) -> Outcome:
     began = time.monotonic()
     with ExitStack() as stack:  # unwound in reverse: the job's processes, then the disk, then etcd
         etcd = stack.enter_context(EtcdCluster(row.etcd_members) if row.etcd_members > 1 else EmbeddedEtcd())
-        job = ChaosJob(workdir, etcd.endpoint, row.nodes)
+        job = ChaosJob(workdir, endpoint_for(row, etcd), row.nodes)
         if row.small_disk:
             stack.enter_context(SmallDisk(job.save_dir))
         stack.enter_context(job)
@@ -75,6 +84,7 @@ def run_row(row: Row, workdir: Path) -> Outcome:
         recovered = wait_recovered(job, after=time.time())
         outcome = measure(job, row.name, fault_started, recovered, time.time(), report.destroyed)
         outcome.problems[:0] = report.problems
+        outcome.detail = report.detail
         (workdir / "lines.txt").write_text(job.output())
     outcome.seconds = time.monotonic() - began
     return outcome
@@ -110,6 +120,9 @@ def print_table(chosen: list[Row], outcomes: list[Outcome]) -> None:
                          yes(not shortfalls(row, o)), o.seconds])
     print(table(["row", "recovered", "world size after", "iterations re-done", "longest stall, s",
                  "every committed checkpoint survived", "within limits", "row took, s"], rows))
+    for o in outcomes:
+        if o.detail:
+            print(f"{o.row}: {o.detail}")
     for row, o in zip(chosen, outcomes):
         for shortfall in ([] if o.skipped else shortfalls(row, o)):
             print(f"{o.row}: {shortfall}")

@@ -38,6 +38,7 @@ class Outcome:
     seconds: float = 0.0  # the row's wall time
     problems: list[str] = field(default_factory=list)  # what the fault saw go wrong (e.g. an orphan)
     skipped: str = ""  # why the row did not run
+    detail: str = ""  # what exactly the fault did
 
 
 def redone(job: ChaosJob) -> int:
@@ -73,14 +74,21 @@ def checkpoints_kept(job: ChaosJob, fault_started: float, destroyed: set[int]) -
 
 def registration_problems(job: ChaosJob) -> list[str]:
     """Running agents without a record in etcd, and records of agents that are gone."""
+    client = connect(StoreOptions(job.endpoint, timeout=5.0), check=False)
     try:
-        client = connect(StoreOptions(job.endpoint, timeout=5.0))
-        try:
-            records = [NodeRecord.from_json(kv.value) for kv in client.get_prefix(RunKeys(job.run_id).nodes)[0]]
-        finally:
-            client.close()
-    except StoreError as err:
-        return [f"could not read the node records: {err}"]
+        # A client tries the next endpoint only after a request failed on a dead member:
+        # one try per member.
+        for _ in range(len(job.endpoint.split(","))):
+            try:
+                kvs = client.get_prefix(RunKeys(job.run_id).nodes)[0]
+                break
+            except StoreError as err:
+                failure = err
+        else:
+            return [f"could not read the node records: {failure}"]
+    finally:
+        client.close()
+    records = [NodeRecord.from_json(kv.value) for kv in kvs]
     registered = {r.pid: r for r in records if r.state == NodeState.RUNNING}
     running = {job.nodes[i].proc.pid: i for i in job.running()}
     problems = [f"node{i} (agent pid {pid}) trains without a record under nodes/ in etcd"

@@ -38,6 +38,7 @@ NETNS = "needs the netns harness (tests/netns.py)"
 class FaultReport:
     destroyed: set[int] = field(default_factory=set)  # committed iterations the fault itself ruined
     problems: list[str] = field(default_factory=list)  # what went wrong that the figures do not show
+    detail: str = ""  # what exactly the fault did, where it chose (which member, ...)
 
 
 Fault = Callable[[ChaosJob, object], FaultReport]
@@ -53,6 +54,7 @@ class Row:
     max_stall: float | None = None  # seconds without a step allowed, where the row promises it
     nodes: int = 2
     etcd_members: int = 1
+    agents_on: str = "leader"  # with several members: the one the agents talk to, "leader" or "follower"
     small_disk: bool = False  # the checkpoints go to a small tmpfs of their own
     needs: Callable[[], str] = lambda: ""  # why the row cannot run here ("" : it can)
 
@@ -127,15 +129,41 @@ def _leader(cluster) -> int:
     return found[0]
 
 
+def agents_member(job: ChaosJob, cluster) -> int:
+    """The member the agents talk to: the head of their endpoint list (EtcdCluster.endpoint_from)."""
+    return cluster.index_of(job.endpoint.split(",")[0])
+
+
+def _connected(job: ChaosJob, port: int) -> int:
+    """How many agents hold a connection to ``port`` (a member's client port)."""
+    count = 0
+    for index in job.running():
+        try:
+            connections = psutil.Process(job.nodes[index].proc.pid).net_connections()
+        except psutil.NoSuchProcess:
+            continue
+        count += any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED for c in connections)
+    return count
+
+
+def kill_member(job: ChaosJob, cluster, member: int, role: str) -> FaultReport:
+    connected = _connected(job, cluster.members[member].client_port)
+    cluster.kill(member)
+    return FaultReport(detail=f"killed {cluster.members[member].name} ({role}), "
+                              f"which {connected} of {len(job.running())} agents talked to")
+
+
 def lose_follower(job: ChaosJob, cluster) -> FaultReport:
-    leader = _leader(cluster)
-    cluster.kill(next(i for i in cluster.alive() if i != leader))
-    return FaultReport()
+    """Kill the member the agents talk to, a follower: they must fail over to another."""
+    member = agents_member(job, cluster)
+    if member == _leader(cluster):
+        raise RuntimeError("the agents' etcd member became the leader: this row kills a follower")
+    return kill_member(job, cluster, member, "a follower")
 
 
 def kill_leader(job: ChaosJob, cluster) -> FaultReport:
-    cluster.kill(_leader(cluster))
-    return FaultReport()
+    """Kill the leader, which the agents talk to: an election, and a fail-over."""
+    return kill_member(job, cluster, _leader(cluster), "the leader")
 
 
 def fill_disk(job: ChaosJob, etcd) -> FaultReport:
@@ -232,7 +260,7 @@ ROWS = [
     Row("etcd restart 5 s", etcd_outage(5), world_after=2, max_redone=0, restart_allowed=False, max_stall=ETCD_STALL),
     Row("etcd down 60 s", etcd_outage(60), world_after=2, max_redone=0, restart_allowed=False, max_stall=ETCD_STALL),
     Row("1 of 3 etcd members lost", lose_follower, world_after=2, max_redone=0, restart_allowed=False,
-        max_stall=ETCD_STALL, etcd_members=3),
+        max_stall=ETCD_STALL, etcd_members=3, agents_on="follower"),
     Row("etcd leader killed", kill_leader, world_after=2, max_redone=0, restart_allowed=False, max_stall=ETCD_STALL,
         etcd_members=3),
     # Cut off while the row lasts: the job trains on without the node.
