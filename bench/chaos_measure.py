@@ -3,8 +3,9 @@
 * recovered: the job made ``AFTER_SAVES`` saves after the fault ended and after its last
   start of the workers, within the recovery timeout;
 * world size after: the world of the workers' last start;
-* iterations re-done: at each start after the first, the last iteration printed before it
-  minus the step the loop resumed from, summed;
+* iterations re-done: at each start of the workers after the fault began, the last
+  iteration printed before it minus the step the loop resumed from, summed (a start
+  before the fault, e.g. the second node joining late, costs nothing here);
 * longest stall: the longest time between two iteration lines, from the last one before
   the fault to the end of the row;
 * checkpoints kept: each start after the fault resumed from the newest committed save
@@ -34,17 +35,17 @@ class Outcome:
     redone: int | None = None
     stall: float | None = None
     checkpoints_kept: bool = False
-    restarts: int = 0  # starts of the workers after the first (a relaunch counts)
+    restarts: int = 0  # starts of the workers after the fault began (a relaunch counts)
     seconds: float = 0.0  # the row's wall time
     problems: list[str] = field(default_factory=list)  # what the fault saw go wrong (e.g. an orphan)
     skipped: str = ""  # why the row did not run
     detail: str = ""  # what exactly the fault did
 
 
-def redone(job: ChaosJob) -> int:
+def redone(job: ChaosJob, fault_started: float) -> int:
     total = 0
     steps = job.steps()
-    for line, _world, resumed in job.starts()[1:]:
+    for line, _world, resumed in job.starts(after=fault_started):
         before = [step for step_line, step in steps if step_line.time < line.time]
         if before:
             total += max(0, before[-1] - resumed)
@@ -106,9 +107,9 @@ def measure(job: ChaosJob, name: str, fault_started: float, recovered: bool, end
         row=name,
         recovered=recovered,
         world_after=starts[-1][1] if starts else None,
-        redone=redone(job),
+        redone=redone(job, fault_started),
         stall=longest_stall(job, fault_started, ended),
         checkpoints_kept=kept,
-        restarts=max(0, len(starts) - 1),
+        restarts=len(job.starts(after=fault_started)),
         problems=lost + registration_problems(job),
     )
