@@ -53,15 +53,6 @@ def ready(job: ChaosJob, nodes: int) -> bool:
     return job.steps()[-1][1] % SAVE_INTERVAL >= SAVE_INTERVAL // 2 + 1
 
 
-def endpoint_for(row: Row, etcd) -> str:
-    """The agents' --rdzv-endpoint; with several members, the row's member at its head."""
-    if row.etcd_members == 1:
-        return etcd.endpoint
-    leader = etcd.leader()
-    follower = next(i for i in etcd.alive() if i != leader)
-    return etcd.endpoint_from(leader if row.agents_on == "leader" else follower)
-
-
 def run_row(row: Row, workdir: Path) -> Outcome:
     """Run ``row`` on a fresh job in ``workdir``; what it saw."""
     reason = row.needs()
@@ -70,7 +61,7 @@ def run_row(row: Row, workdir: Path) -> Outcome:
     began = time.monotonic()
     with ExitStack() as stack:  # unwound in reverse: the job's processes, then the disk, then etcd
         etcd = stack.enter_context(EtcdCluster(row.etcd_members) if row.etcd_members > 1 else EmbeddedEtcd())
-        job = ChaosJob(workdir, endpoint_for(row, etcd), row.nodes)
+        job = ChaosJob(workdir, etcd.endpoint, row.nodes)
         if row.small_disk:
             stack.enter_context(SmallDisk(job.save_dir))
         stack.enter_context(job)

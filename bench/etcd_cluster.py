@@ -55,15 +55,6 @@ class EtcdCluster:
         """What eft-run takes as ``--rdzv-endpoint``: every member, comma-separated."""
         return ",".join(m.endpoint for m in self.members)
 
-    def endpoint_from(self, first: int) -> str:
-        """The endpoint list with member ``first`` at its head: the member eft's clients talk
-        to until it fails (they go down the list only then)."""
-        order = self.members[first:] + self.members[:first]
-        return ",".join(m.endpoint for m in order)
-
-    def index_of(self, endpoint: str) -> int:
-        return next(i for i, m in enumerate(self.members) if m.endpoint == endpoint)
-
     def start(self) -> Self:
         for member in self.members:  # all at once: none is ready until a quorum has met
             self._launch(member)
