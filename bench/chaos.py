@@ -105,15 +105,15 @@ def print_table(chosen: list[Row], outcomes: list[Outcome]) -> None:
     rows = []
     for row, o in zip(chosen, outcomes):
         if o.skipped:
-            rows.append([o.row, "skipped: " + o.skipped, "", "", "", "", "", ""])
+            rows.append([o.row, "skipped", "", "", "", "", "", ""])
         else:
             rows.append([o.row, yes(o.recovered), o.world_after, o.redone, o.stall, yes(o.checkpoints_kept),
                          yes(not shortfalls(row, o)), o.seconds])
     print(table(["row", "recovered", "world size after", "iterations re-done", "longest stall, s",
                  "every committed checkpoint survived", "within limits", "row took, s"], rows))
     for o in outcomes:
-        if o.detail:
-            print(f"{o.row}: {o.detail}")
+        for said in filter(None, [o.skipped, o.detail]):
+            print(f"{o.row}: {said}")
     for row, o in zip(chosen, outcomes):
         for shortfall in ([] if o.skipped else shortfalls(row, o)):
             print(f"{o.row}: {shortfall}")

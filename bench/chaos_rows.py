@@ -75,8 +75,8 @@ def _gone(pid: int) -> bool:
 
 def kill_agent(job: ChaosJob, etcd) -> FaultReport:
     """SIGKILL the agent alone: its workers must not be orphaned (--eft-die-with-agent)."""
-    node = job.nodes[job.other_node()]
-    workers = job.worker_pids(job.nodes.index(node))
+    victim = job.other_node()
+    node, workers = job.nodes[victim], job.worker_pids(victim)
     os.kill(node.proc.pid, signal.SIGKILL)
     node.proc.wait()
     deadline = time.monotonic() + OUTLIVE_LIMIT
@@ -124,8 +124,8 @@ def etcd_outage(seconds: float) -> Fault:
 
 
 def _leader(cluster) -> int:
-    found = wait_for(lambda: [cluster.leader()] if cluster.leader() is not None else None, 30, "an etcd leader")
-    return found[0]
+    # wait_for wants a truthy value, and member 0 is falsy: the index goes in a list
+    return wait_for(lambda: [leader] if (leader := cluster.leader()) is not None else None, 30, "an etcd leader")[0]
 
 
 def _connected(job: ChaosJob, port: int) -> int:
