@@ -24,6 +24,7 @@ from bench.chaos_rows import ROWS, Row, SmallDisk, slug
 from bench.common import table
 from bench.etcd_cluster import EtcdCluster
 from bench.launch import wait_for
+from bench.netns import NetnsCluster
 from elasticft.store import EmbeddedEtcd
 
 STARTUP_TIMEOUT = 180.0  # two or three agents importing torch on a busy 2-core machine
@@ -60,8 +61,13 @@ def run_row(row: Row, workdir: Path) -> Outcome:
         return Outcome(row.name, skipped=reason)
     began = time.monotonic()
     with ExitStack() as stack:  # unwound in reverse: the job's processes, then the disk, then etcd
-        etcd = stack.enter_context(EtcdCluster(row.etcd_members) if row.etcd_members > 1 else EmbeddedEtcd())
-        job = ChaosJob(workdir, etcd.endpoint, row.nodes)
+        if row.network:  # its etcd runs in the cluster's own namespace
+            etcd = network = stack.enter_context(NetnsCluster(row.nodes, workdir))
+            endpoint = network.etcd_endpoint
+        else:
+            etcd = stack.enter_context(EtcdCluster(row.etcd_members) if row.etcd_members > 1 else EmbeddedEtcd())
+            endpoint, network = etcd.endpoint, None
+        job = ChaosJob(workdir, endpoint, row.nodes, network, row.flags)
         if row.small_disk:
             stack.enter_context(SmallDisk(job.save_dir))
         stack.enter_context(job)

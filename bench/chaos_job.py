@@ -83,7 +83,9 @@ class TimedNode(Launched):
 class ChaosJob:
     """``nodes`` agents of one run (``--nnodes 1:nodes``) on ``endpoint``, in ``workdir``."""
 
-    def __init__(self, workdir: Path, endpoint: str, nodes: int):
+    def __init__(self, workdir: Path, endpoint: str, nodes: int, network=None, flags: tuple[str, ...] = ()):
+        self.network = network  # a bench.netns.NetnsCluster: node i runs in its namespace (None: on loopback)
+        self.flags = flags  # the row's own eft-run flags
         self.workdir = workdir
         self.save_dir = workdir / "ckpt"
         self.save_dir.mkdir(parents=True, exist_ok=True)
@@ -95,11 +97,15 @@ class ChaosJob:
         self.nodes: list[TimedNode] = []
         self._launches = 0
 
-    def command(self) -> list[str]:
-        return rdzv_command(eft_run(), str(LOOP), "--steps", "100000000", "--step-seconds", str(STEP_SECONDS),
+    def command(self, index: int) -> list[str]:
+        flags = ["--monitor-interval", "0.1", "--max-restarts", str(MAX_RESTARTS), *self.flags]
+        if self.network is not None:  # the rendezvous names the node by its namespace's address
+            flags += ["--local-addr", self.network.node_ip(index)]
+        command = rdzv_command(eft_run(), str(LOOP), "--steps", "100000000", "--step-seconds", str(STEP_SECONDS),
                             "--save", str(self.save_dir), "--save-interval", str(SAVE_INTERVAL), "--log-interval", "1",
                             nnodes=f"1:{self.nnodes}", nproc=1, backend="etcd-v3", endpoint=self.endpoint,
-                            run_id=self.run_id, flags=["--monitor-interval", "0.1", "--max-restarts", str(MAX_RESTARTS)])
+                            run_id=self.run_id, flags=flags)
+        return command if self.network is None else self.network.wrap(index, command)
 
     def launch(self, index: int | None = None) -> TimedNode:
         """Start node ``index`` (again, after it ended), or a new node; returns it."""
@@ -112,7 +118,9 @@ class ChaosJob:
 
         # This checkout's eft, whatever the installed eft-run points at.
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        node = TimedNode(self.command(), self.workdir / f"node{index}.{self._launches}.log", sink, env)
+        if self.network is not None:
+            env.update(self.network.node_env())
+        node = TimedNode(self.command(index), self.workdir / f"node{index}.{self._launches}.log", sink, env)
         if index == len(self.nodes):
             self.nodes.append(node)
         else:

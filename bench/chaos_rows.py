@@ -6,9 +6,8 @@ afterwards, the iterations it may re-do, whether its workers may restart at all,
 longest stall allowed where that is part of the promise. bench/chaos.py runs the rows
 and prints the table; tests/test_chaos.py asserts each row against its limits.
 
-The partition rows wait for the network-namespace harness (tests/netns.py): to wire one
-up, give it a fault that cuts the node off there, launch its nodes inside the harness's
-namespaces, and drop its ``needs``.
+The partition rows run each node, and etcd, in a network namespace of its own
+(bench/netns.py); the fault cuts one node off there, silently (no RST), for a while.
 """
 
 from __future__ import annotations
@@ -28,10 +27,12 @@ import psutil
 
 from bench.chaos_job import SAVE_INTERVAL, ChaosJob
 from bench.launch import wait_for
+from bench.netns import unavailable_reason
 
 OUTLIVE_LIMIT = 2.0  # seconds a worker may outlive its SIGKILLed agent (tests/test_orphans.py)
 FREEZE_SECONDS = 10.0
-NETNS = "needs the netns harness (tests/netns.py)"
+PARTITION_SECONDS = 20.0
+REJOIN_TIMEOUT = 90.0  # seconds a healed node may take to be back in a round
 
 
 @dataclass
@@ -55,6 +56,8 @@ class Row:
     nodes: int = 2
     etcd_members: int = 1
     small_disk: bool = False  # the checkpoints go to a small tmpfs of their own
+    network: bool = False  # each node (and etcd) in a network namespace of its own (bench/netns.py)
+    flags: tuple[str, ...] = ()  # the row's own eft-run flags
     needs: Callable[[], str] = lambda: ""  # why the row cannot run here ("" : it can)
 
 
@@ -110,6 +113,30 @@ def freeze_node(job: ChaosJob, etcd) -> FaultReport:
     time.sleep(FREEZE_SECONDS)  # the fault: frozen this long
     node.signal_node(signal.SIGCONT)
     return FaultReport()
+
+
+def partition(side: str) -> Fault:
+    """Cut a node that is not rank 0's off from ``side`` (etcd, or its peers) for
+    PARTITION_SECONDS, then heal: frames dropped silently both ways, as a network split does."""
+
+    def fault(job: ChaosJob, network) -> FaultReport:
+        victim = job.other_node()
+        network.cut(victim, from_=side)
+        time.sleep(PARTITION_SECONDS)  # the fault: apart this long
+        network.heal()
+        healed = time.time()
+        report = FaultReport(detail=f"node{victim} cut from {side} for {PARTITION_SECONDS:g} s")
+        # Healed, the cut node's requests still wait out their timeout (10 s) before they are
+        # sent again: the row is over when the job is whole again, not at the first saves after.
+        try:
+            wait_for(lambda: any(world == job.nnodes for _, world, _ in job.starts(after=healed)), REJOIN_TIMEOUT,
+                     "the cut node to rejoin")
+        except AssertionError as err:
+            report.problems.append(str(err))
+        return report
+
+    fault.__name__ = f"partition_{side}"
+    return fault
 
 
 def etcd_outage(seconds: float) -> Fault:
@@ -239,7 +266,7 @@ class SmallDisk:
 
 
 def netns_unavailable() -> str:
-    return NETNS
+    return unavailable_reason() or ""
 
 
 # -- the rows ----------------------------------------------------------------------------
@@ -258,9 +285,13 @@ ROWS = [
         max_stall=ETCD_STALL, etcd_members=3),
     Row("etcd leader killed", kill_leader, world_after=2, max_redone=0, restart_allowed=False, max_stall=ETCD_STALL,
         etcd_members=3),
-    # Cut off while the row lasts: the job trains on without the node.
-    Row("partition node<->etcd", None, world_after=1, max_redone=SAVE_INTERVAL, needs=netns_unavailable),
-    Row("partition node<->peers", None, world_after=1, max_redone=SAVE_INTERVAL, needs=netns_unavailable),
+    # Cut from etcd: the others go on without it; healed, it registers again and rejoins.
+    Row("partition node<->etcd", partition("etcd"), world_after=2, max_redone=SAVE_INTERVAL, network=True,
+        needs=netns_unavailable),
+    # Cut from its peer (both still reach etcd): the step hangs until the step timeout restarts
+    # it; the new round waits in setup until the heal, then the two train on.
+    Row("partition node<->peers", partition("peers"), world_after=2, max_redone=SAVE_INTERVAL, network=True,
+        flags=("--eft-timeouts", "step=10"), needs=netns_unavailable),
     Row("disk full during a save", fill_disk, world_after=2, max_redone=SAVE_INTERVAL, small_disk=True,
         needs=tmpfs_unavailable),
     # The newest checkpoint is unreadable: the one before it, SAVE_INTERVAL older, is loaded.

@@ -65,15 +65,6 @@ class Launched:
         except psutil.NoSuchProcess:
             return []
 
-    def freeze(self, on: bool) -> None:
-        """SIGSTOP (``on``) or SIGCONT the agent and its workers: a node that hangs whole
-        (a kernel stall, a VM paused for migration) and comes back."""
-        for process in self.processes():
-            try:
-                process.suspend() if on else process.resume()
-            except psutil.NoSuchProcess:
-                pass
-
     def kill_node(self) -> None:
         """kill -9 the agent and its workers, as if the machine died.
 
@@ -96,12 +87,7 @@ class Launched:
         """Send ``sig`` to the agent and every process it started (SIGSTOP: a frozen
         machine; SIGCONT: it wakes). Workers sit in sessions of their own, so each is
         signalled by pid, not through the agent's process group."""
-        try:
-            agent = psutil.Process(self.proc.pid)
-            processes = [agent, *agent.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return
-        for process in processes:
+        for process in self.processes():
             try:
                 process.send_signal(sig)
             except psutil.NoSuchProcess:

@@ -15,14 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 # Rows that fail because of eft itself, with what was seen; strict: a fix makes them fail
 # here until the mark is removed.
-KNOWN_FAILURES = {
-    "node SIGSTOP 10 s": (
-        "a node whose own etcd lease expired while it was frozen does not register again: after "
-        "SIGCONT it logs 'etcd lease ... expired on the server' and 'lost node(s) <its own id>', "
-        "rejoins the next round (world 2 again) but trains with no record under nodes/ in etcd, "
-        "so its next loss would go unseen (self-fencing and re-registration, issue 15)"
-    ),
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def marked(row):

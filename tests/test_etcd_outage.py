@@ -26,7 +26,8 @@ def saves(node: Launched) -> list[int]:
     return [int(line.split()[1]) for line in node.output().splitlines() if line.startswith("step ")]
 
 
-@pytest.mark.parametrize("down", [5, 60])
+# 60 s down: the chaos table's "etcd down 60 s" row (tests/test_chaos.py), no restart allowed
+@pytest.mark.parametrize("down", [5])
 def test_the_workers_train_on_through_an_etcd_restart(tmp_path, down):
     with EmbeddedEtcd() as server:
         nodes = [Launched([*eft_run(), "--nnodes", "1:2", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",

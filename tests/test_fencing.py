@@ -10,6 +10,7 @@ from no earlier than the last checkpoint committed before the freeze.
 
 import json
 import re
+import signal
 import time
 
 import pytest
@@ -43,14 +44,14 @@ def test_a_frozen_node_is_fenced_off_and_rejoins(tmp_path):
         survivor, frozen = nodes
         try:
             wait_for(lambda: saved(survivor) or saved(frozen), 120, "the first save")
-            frozen.freeze(True)
+            frozen.signal_node(signal.SIGSTOP)
             frozen_at = time.monotonic()
             committed = max(saved(survivor) + saved(frozen))
             wait_for(lambda: any(world == 1 for world, _ in starts(survivor.output())), 60,
                      "the survivor to go on alone")
             before = len(starts(survivor.output()))
             time.sleep(max(0.0, frozen_at + FROZEN - time.monotonic()))  # the fault: frozen this long
-            frozen.freeze(False)
+            frozen.signal_node(signal.SIGCONT)
             wait_for(lambda: "fenced off" in frozen.output(), 30, "the thawed node to find itself fenced off")
             wait_for(lambda: len(starts(survivor.output())) > before, 60, "a new round with the thawed node")
             logs = survivor.output() + frozen.output()

@@ -52,6 +52,7 @@ class EtcdClient:
                 pyetcd.Endpoint(host, port, secure=secure, creds=creds, time_retry=FAILED_ENDPOINT_RETRY,
                                 opts=CHANNEL_OPTIONS)
             )
+        self._members = len(endpoints)
         try:
             self._etcd = pyetcd.MultiEndpointEtcd3Client(
                 endpoints=endpoints,
@@ -71,23 +72,30 @@ class EtcdClient:
 
     def _call(self, fn, answered: bool = True):
         """``fn(library client)`` with errors as StoreError; ``answered``: its return means
-        etcd answered (not so for registering a watch, which returns before any reply)."""
-        sent = time.monotonic()
-        try:
-            result = fn(self._etcd)
-        except _UNAVAILABLE as exc:
-            self.outage.failure(sent)
-            raise StoreUnavailable(f"etcd at {self.options.endpoints} is unreachable") from exc
-        except (etcd_exceptions.Etcd3Exception, grpc.RpcError) as exc:
-            raise error_of(exc) from exc
-        except ValueError as exc:
-            if "failed node" not in str(exc):  # pyetcd: "Trying to use a failed node"
-                raise
-            self.outage.failure(sent)
-            raise StoreUnavailable(f"etcd at {self.options.endpoints} is unreachable") from exc
-        if answered:
-            self.outage.success()
-        return result
+        etcd answered (not so for registering a watch, which returns before any reply).
+
+        With several members, a request that found its member down goes to the next one at
+        once (the library marked the dead one failed): one dead member of three must cost no
+        request, and no agent starting meanwhile, anything."""
+        for _ in range(self._members):
+            sent = time.monotonic()
+            try:
+                result = fn(self._etcd)
+            except _UNAVAILABLE as exc:
+                failure = exc
+                continue
+            except (etcd_exceptions.Etcd3Exception, grpc.RpcError) as exc:
+                raise error_of(exc) from exc
+            except ValueError as exc:
+                if "failed node" not in str(exc):  # pyetcd: "Trying to use a failed node"
+                    raise
+                failure = exc
+                continue
+            if answered:
+                self.outage.success()
+            return result
+        self.outage.failure(sent)
+        raise StoreUnavailable(f"etcd at {self.options.endpoints} is unreachable") from failure
 
     # -- reads -------------------------------------------------------------------
 
@@ -383,14 +391,5 @@ def connect(options: StoreOptions, check: bool = True, probe: bool = False) -> E
     return client
 
 
-__all__ = [
-    "EtcdClient",
-    "KeyValue",
-    "Lease",
-    "StoreError",
-    "StoreOptions",
-    "StoreStatus",
-    "StoreUnavailable",
-    "WatchEvent",
-    "connect",
-]
+__all__ = ["EtcdClient", "KeyValue", "Lease", "StoreError", "StoreOptions", "StoreStatus", "StoreUnavailable",
+           "WatchEvent", "connect"]

@@ -191,16 +191,21 @@ class NetnsCluster:
     # -- running -----------------------------------------------------------------------
 
     def launch(self, node: int, cmd: list[str], log_path: Path, env: dict | None = None) -> Launched:
-        """``cmd`` in node ``node``'s namespace, in a session of its own, output to ``log_path``.
-
-        gloo is told to use ``eth0`` (it would pick the hostname's address, not reachable
-        from the other namespaces), and the repository this harness is in comes first on
-        the path, so that a git worktree runs its own code.
-        """
-        env = {"GLOO_SOCKET_IFNAME": "eth0", "PYTHONPATH": str(ROOT), **(env or {})}
-        launched = Launched(["ip", "netns", "exec", self.node_ns[node], *cmd], log_path, env=env)
+        """``cmd`` in node ``node``'s namespace, in a session of its own, output to ``log_path``."""
+        launched = Launched(self.wrap(node, cmd), log_path, env={**self.node_env(), **(env or {})})
         self.launched.append(launched)
         return launched
+
+    def wrap(self, node: int, cmd: list[str]) -> list[str]:
+        """``cmd`` as run inside node ``node``'s namespace."""
+        return ["ip", "netns", "exec", self.node_ns[node], *cmd]
+
+    @staticmethod
+    def node_env() -> dict[str, str]:
+        """What a node's processes need: gloo told to use ``eth0`` (it would pick the hostname's
+        address, not reachable from the other namespaces), and the repository this harness is
+        in first on the path, so that a git worktree runs its own code."""
+        return {"GLOO_SOCKET_IFNAME": "eth0", "PYTHONPATH": str(ROOT)}
 
     def run(self, node: int, cmd: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
         """``cmd`` in node ``node``'s namespace, to its end; its output captured as text."""
