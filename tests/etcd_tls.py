@@ -69,6 +69,7 @@ class DeployedEtcd:
         self.workdir, self.certs = workdir, certs
         self.port, self.peer_port = free_port(), free_port()
         self.proc: subprocess.Popen | None = None
+        self.auth_enabled = False  # then only a user may ask whether it is up (a restart)
 
     @property
     def scheme(self) -> str:
@@ -107,7 +108,8 @@ class DeployedEtcd:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and self.proc.poll() is None:
             try:
-                connect(self.options(timeout=1.0), probe=True).close()
+                probe = self.options(timeout=1.0, **(self._root if self.auth_enabled else {}))
+                connect(probe, probe=True).close()
                 return self
             except StoreError:
                 time.sleep(0.1)
@@ -128,6 +130,7 @@ class DeployedEtcd:
         admin.authstub.UserGrantRole(etcdrpc.AuthUserGrantRoleRequest(user="root", role="root"), 10)
         admin.authstub.AuthEnable(etcdrpc.AuthEnableRequest(), 10)
         admin.close()
+        self.auth_enabled = True
 
     def add_run_user(self, user: str, password: str, prefix: str) -> None:
         """A user whose one role reads and writes the keys under ``prefix`` only:
@@ -144,8 +147,10 @@ class DeployedEtcd:
         stub.UserGrantRole(etcdrpc.AuthUserGrantRoleRequest(user=user, role=role), 10, metadata=token)
         admin.close()
 
+    _root = {"user": "root", "password": ROOT_PASSWORD}
+
     def root_options(self) -> StoreOptions:
-        return self.options(user="root", password=ROOT_PASSWORD)
+        return self.options(**self._root)
 
     def _creds(self):
         o = self.options()

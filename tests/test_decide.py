@@ -54,6 +54,18 @@ def test_a_lost_node_comes_before_a_hang_its_peers_show():
     assert decision.verdict is Verdict.RESTART and decision.reason is RestartReason.MEMBERSHIP
 
 
+@pytest.mark.parametrize("state", [WorkerState.HEALTHY, WorkerState.FAILED])
+def test_a_fenced_node_kills_its_workers_first_and_is_not_charged(state):
+    # its workers belong to a round that is over: no save of theirs may race the new round's
+    decision = decide(Observation(state, lost=LOST, overruns=HUNG, fenced=True))
+    assert (decision.verdict, decision.reason, decision.stop_signal) == (
+        Verdict.RESTART, RestartReason.FENCED, signal.SIGKILL)
+
+
+def test_workers_that_finished_on_a_fenced_node_finished():
+    assert decide(Observation(WorkerState.SUCCEEDED, fenced=True)) is REPORT
+
+
 def test_workers_that_exited_after_a_signal_save_are_restarted_not_finished():
     decision = decide(Observation(WorkerState.SUCCEEDED, signal_save=True))
     assert (decision.verdict, decision.reason, decision.stop_signal) == (

@@ -89,6 +89,12 @@ def test_a_worker_that_dies_while_etcd_is_away_restarts_when_etcd_is_back(tmp_pa
             assert all(n.proc.poll() is None for n in nodes), logs[-3000:]
             first, again = sum((starts(n) for n in nodes), [])
             assert first == (2, 0) and again[0] == 2 and again[1] >= committed, (first, again)
+            # what the agents recorded while etcd was away was held, and written when it was back
+            client = connect(StoreOptions(server.endpoint))
+            events = [json.loads(kv.value) for kv in client.get_prefix(RunKeys("outage").events)[0]]
+            client.close()
+            restarts = [e for e in events if e["kind"] == EventKind.RESTART]
+            assert {e["source"] for e in restarts} == {e["source"] for e in events if e["kind"] == "node_joined"}
         finally:
             for node in nodes:
                 node.stop()

@@ -117,6 +117,26 @@ def test_a_runs_user_cannot_read_or_write_another_runs_keys(auth_etcd):
         root.close()
 
 
+def test_a_client_logged_in_before_an_etcd_restart_goes_on_after_it(tmp_path):
+    """etcd's simple tokens live in its memory: after a restart each request of a client that
+    logged in before answered "invalid auth token", for ever (a job on a password would lose
+    its leases, then every node). The client logs in again and goes on."""
+    etcd = DeployedEtcd(tmp_path).start()
+    try:
+        etcd.enable_auth()
+        etcd.add_run_user("user-a", "pw-a", RunKeys("run-a").root)
+        client = connect(etcd.options(user="user-a", password="pw-a"))
+        lease = client.lease(30)
+        client.put(RunKeys("run-a").root + "k", "before", lease=lease)
+        etcd.stop()
+        etcd.start()
+        client.put(RunKeys("run-a").root + "k", "after", lease=lease)
+        assert client.get(RunKeys("run-a").root + "k").value == b"after"
+        client.close()
+    finally:
+        etcd.stop()
+
+
 @pytest.mark.slow
 def test_eft_run_trains_with_its_runs_user_only(auth_etcd, tmp_path):
     """Everything eft-run writes lies under /eft/<run_id>/: a role of that prefix is enough."""

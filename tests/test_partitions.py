@@ -38,7 +38,7 @@ LOOP = ROOT / "examples" / "minimal_train.py"
 STEP_LIMIT = 10
 # Seconds a long fault lasts: beyond the lease TTL (3 s), the step limit and the 10 s an etcd
 # request waits, so that node 1 needs etcd while it is still out of reach.
-LONG = 40
+LONG = 25
 _ROUND = re.compile(r"rendezvous complete: node rank (\d+) of (\d+), world size (\d+)")
 
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elasticft.agent.events import EventLog
+from elasticft.contract.events import EventKind
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord
 from elasticft.rendezvous.membership import Membership, NodeLease, default_node_id
-from elasticft.contract.events import EventKind
 from elasticft.store import EtcdClient, Lease, StoreError, StoreOptions, connect
 from elasticft.store.outage import is_unavailable, through_outage
 

@@ -23,8 +23,9 @@ from elasticft.rendezvous.membership import Membership, NodeLease
 
 
 class Observer:
-    def __init__(self, membership: Membership | None, node: NodeLease | None, hangs: HangMonitor, ckpt: CheckpointCoordinator,
-                 attribution_window: float, worker_pids: Callable[[], set[int]], numerics: NumericsWatch):
+    def __init__(self, membership: Membership | None, node: NodeLease | None, hangs: HangMonitor,
+                 ckpt: CheckpointCoordinator, attribution_window: float, worker_pids: Callable[[], set[int]],
+                 numerics: NumericsWatch):
         self._membership = membership  # None off the etcd-v3 backend: no leases to watch
         self._node = node  # this node's own record and lease (None off etcd-v3)
         self._hangs = hangs
@@ -88,7 +89,7 @@ class Observer:
         membership = self._membership
         deadline = time.monotonic() + self._window
         while True:
-            if self._node is not None and (self._node.lease.lost.is_set() or self._cut_off()):
+            if self.fenced():
                 return None  # fenced off: told by ``_own_loss`` and ``_cut_off``
             if membership is not None and membership.lost.is_set():
                 return tuple(membership.take_losses())

@@ -17,7 +17,8 @@ import pyetcd
 from pyetcd import exceptions as etcd_exceptions
 from pyetcd.events import DeleteEvent
 
-from elasticft.store.errors import StoreError, StoreUnavailable, error_of, one_line, watch_error
+from elasticft.store.auth import TokenRenewal
+from elasticft.store.errors import StoreError, StoreUnavailable, TokenExpired, error_of, one_line, watch_error
 from elasticft.store.lease import Lease, LeaseKeeper
 from elasticft.store.options import CHANNEL_OPTIONS, FAILED_ENDPOINT_RETRY, StoreOptions
 from elasticft.store.outage import Outage, outage_of
@@ -37,6 +38,10 @@ _UNAVAILABLE = (
 )
 
 
+OnEvents = Callable[[list[WatchEvent]], None]  # a watch's changes, from a library thread
+OnError = Callable[[Exception], None]  # why a watch ended (a StoreError)
+
+
 class EtcdClient:
     def __init__(self, options: StoreOptions, probe: bool = False):
         self.options = options
@@ -53,6 +58,7 @@ class EtcdClient:
                                 opts=CHANNEL_OPTIONS)
             )
         self._members = len(endpoints)
+        self._auth = TokenRenewal(options.user, options.password, secure=bool(options.cacert))
         try:
             self._etcd = pyetcd.MultiEndpointEtcd3Client(
                 endpoints=endpoints,
@@ -76,8 +82,11 @@ class EtcdClient:
 
         With several members, a request that found its member down goes to the next one at
         once (the library marked the dead one failed): one dead member of three must cost no
-        request, and no agent starting meanwhile, anything."""
-        for _ in range(self._members):
+        request, and no agent starting meanwhile, anything. A token that a restarted etcd
+        forgot is renewed once (auth.py)."""
+        tries, renewed = self._members, False
+        while tries:
+            tries -= 1
             sent = time.monotonic()
             try:
                 result = fn(self._etcd)
@@ -85,7 +94,12 @@ class EtcdClient:
                 failure = exc
                 continue
             except (etcd_exceptions.Etcd3Exception, grpc.RpcError) as exc:
-                raise error_of(exc) from exc
+                error = error_of(exc)
+                if not isinstance(error, TokenExpired) or renewed or not self._auth.possible:
+                    raise error from exc
+                self._auth.renew(self._etcd)
+                renewed, tries = True, tries + 1
+                continue
             except ValueError as exc:
                 if "failed node" not in str(exc):  # pyetcd: "Trying to use a failed node"
                     raise
@@ -316,27 +330,16 @@ class EtcdClient:
 
     # -- watches -----------------------------------------------------------------
 
-    def watch_prefix(
-        self,
-        prefix: str,
-        on_events: Callable[[list[WatchEvent]], None],
-        start_revision: int | None = None,
-        on_error: Callable[[Exception], None] | None = None,
-    ) -> Callable[[], None]:
+    def watch_prefix(self, prefix: str, on_events: OnEvents, start_revision: int | None = None,
+                     on_error: OnError | None = None) -> Callable[[], None]:
         """Call ``on_events`` (from a library thread) for every change under ``prefix``.
 
         Returns a function that cancels the watch.
         """
         return self.watch_range(prefix, prefix_end(prefix), on_events, start_revision, on_error)
 
-    def watch_range(
-        self,
-        start: str,
-        end: str,
-        on_events: Callable[[list[WatchEvent]], None],
-        start_revision: int | None = None,
-        on_error: Callable[[Exception], None] | None = None,
-    ) -> Callable[[], None]:
+    def watch_range(self, start: str, end: str, on_events: OnEvents, start_revision: int | None = None,
+                    on_error: OnError | None = None) -> Callable[[], None]:
         """``watch_prefix`` for the keys in [start, end)."""
 
         def callback(response):

@@ -15,10 +15,18 @@ class LeaseNotFound(StoreError):
     """A write under a lease that etcd let expire (the writer was frozen, or cut off from etcd)."""
 
 
+class TokenExpired(StoreError):
+    """etcd no longer knows the client's auth token (it restarted): log in again (auth.py)."""
+
+
 def error_of(exc: Exception) -> StoreError:
-    """A failed etcd request's error as eft's own: ``LeaseNotFound`` for an expired lease."""
-    if isinstance(exc, grpc.RpcError) and hasattr(exc, "details") and "lease not found" in (exc.details() or ""):
+    """A failed etcd request's error as eft's own: ``LeaseNotFound`` for an expired lease,
+    ``TokenExpired`` for a forgotten auth token."""
+    details = (exc.details() or "") if isinstance(exc, grpc.RpcError) and hasattr(exc, "details") else ""
+    if "lease not found" in details:
         return LeaseNotFound(f"etcd request failed: {one_line(exc)}")
+    if "invalid auth token" in details:
+        return TokenExpired(f"etcd request failed: {one_line(exc)}")
     return StoreError(f"etcd request failed: {one_line(exc)}")
 
 
