@@ -137,18 +137,12 @@ class EtcdRendezvousHandler(RendezvousHandler):
         Failing the job for it would let the control plane stop training; waiting costs
         only the outage, since every other node restarts into the same round when etcd is back.
         """
-        expired = 0
 
         def join() -> Round:
-            nonlocal expired
             try:
                 return self._rounds.join()
-            except LeaseNotFound:
-                # the lease expired while this node was frozen or cut off: join again under a new one
-                expired += 1
-                if expired > 2:
-                    raise
-                return join()
+            except LeaseNotFound:  # expired while this node was frozen or cut off: again, under a new one
+                return self._rounds.join()
 
         return through_outage(join, self._outage_limit, f"the rendezvous of {self._settings.run_id}")
 

@@ -53,8 +53,7 @@ class NodeLease:
         frozen, or cut from etcd, for longer than the TTL; the others went on without it).
         Raises StoreError."""
         self.lease.regrant()
-        self.record.state = NodeState.RUNNING
-        self._client.put(self._key, self.record.to_json(), lease=self.lease)
+        self.set_state(NodeState.RUNNING)
 
     def close(self, clean: bool) -> None:
         """Leave the job (a second call does nothing).

@@ -152,13 +152,7 @@ class Rounds:
         lease = self._ensure_lease()
         stale = self._roles + ([self._joined[1]] if self._joined is not None and self._joined[1] != key else [])
         stale += [k for k in self._leftover if k != key and k not in stale]
-        try:
-            revision = self._client.put_and_delete(key, json.dumps({"node": self.node}), lease, stale)
-        except LeaseNotFound:
-            # etcd let my lease expire (frozen, or cut off from etcd) before its keeper heard:
-            # my keys went with it; take a new lease and enter afresh
-            lease.lost.set()
-            revision = self._client.put_and_delete(key, json.dumps({"node": self.node}), self._ensure_lease(), [])
+        revision = self._client.put_and_delete(key, json.dumps({"node": self.node}), lease, stale)
         self._joined, self._roles, self._leftover = (number, key), [], []
         return revision
 
@@ -212,8 +206,10 @@ class Rounds:
                     return formed
                 number = max(number + 1, self._first_undecided(self._watch_control()))
         except LeaseNotFound:
+            # etcd let my lease expire (frozen, or cut off from etcd) before its keeper heard:
+            # my keys went with it; the next join takes a new one
             if self._lease is not None:
-                self._lease.lost.set()  # the next join takes a new one
+                self._lease.lost.set()
             self._drop_keys()
             raise
         except BaseException:
