@@ -45,6 +45,11 @@ class FTConfig:
         "seconds a rendezvous needed while etcd is unreachable (a worker died) waits for etcd before the "
         "job fails; running workers never wait for etcd (--rdzv-conf etcd_outage_limit obeys it too)",
     )
+    peer_probe_timeout: float = knob(
+        10.0,
+        "seconds a node waits for its round's master to answer a TCP connection before it stands aside "
+        "(it reaches etcd but not its peers; 0: never) (--rdzv-conf peer_probe_timeout obeys it too)",
+    )
     node_id: str = knob("", "this node's name under /eft/<run>/nodes/ (default: <hostname>-<pid>)")
     failure_grace: float = knob(
         -1.0,
@@ -72,6 +77,8 @@ class FTConfig:
             raise ConfigError(f"{flag_name('log_level')}: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
         if not self.lease_ttl >= MIN_LEASE_TTL:
             raise ConfigError(f"{flag_name('lease_ttl')}: expected seconds >= {MIN_LEASE_TTL:g}, got {self.lease_ttl}")
+        if not self.peer_probe_timeout >= 0:
+            raise ConfigError(f"{flag_name('peer_probe_timeout')}: expected seconds >= 0, got {self.peer_probe_timeout}")
         if not self.etcd_outage_limit > 0:
             raise ConfigError(f"{flag_name('etcd_outage_limit')}: expected seconds > 0, got {self.etcd_outage_limit}")
 

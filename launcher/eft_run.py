@@ -169,12 +169,14 @@ def run(args, settings: Settings) -> ExitCode:
                 # one lease TTL for the node record and the rendezvous keys: a lost node
                 # leaves both at the same moment
                 args.rdzv_conf = ",".join(filter(None, [args.rdzv_conf, f"lease_ttl={settings.ft.lease_ttl:g}"]))
-            if "etcd_outage_limit" in rdzv_conf:  # validated with the rest of --rdzv-conf
-                limit = float(rdzv_conf["etcd_outage_limit"])
-                settings = dataclasses.replace(settings, ft=dataclasses.replace(settings.ft, etcd_outage_limit=limit))
-            else:  # one limit for the rendezvous and for registering again after a fence
-                args.rdzv_conf = ",".join(filter(None, [args.rdzv_conf,
-                                                        f"etcd_outage_limit={settings.ft.etcd_outage_limit:g}"]))
+            # one knob, two spellings: --rdzv-conf NAME=... wins, else the agent's value goes to the handler
+            # (the outage limit serves the rendezvous and registering again after a fence)
+            for name in ("etcd_outage_limit", "peer_probe_timeout"):
+                if name in rdzv_conf:  # validated with the rest of --rdzv-conf
+                    ft = dataclasses.replace(settings.ft, **{name: float(rdzv_conf[name])})
+                    settings = dataclasses.replace(settings, ft=ft)
+                else:
+                    args.rdzv_conf = ",".join(filter(None, [args.rdzv_conf, f"{name}={getattr(settings.ft, name):g}"]))
             os.environ["EFT_RUN_ID"] = args.rdzv_id
             os.environ["EFT_ENDPOINT"] = args.rdzv_endpoint
             if embedded is None:

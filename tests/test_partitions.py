@@ -8,7 +8,8 @@ or from its peer for 20 s: the chaos table's partition rows, tests/test_chaos.py
 node 1 is away where it can (it still reaches etcd), both must train together again
 after the heal, and no checkpoint committed before the fault may be lost: training never
 resumes from an older one, and the newest loads. With three nodes (``--nnodes 2:3``), the
-two that reach each other must go on without the one cut from its peers.
+two that reach each other must go on without the one cut from its peers (it stands aside:
+elasticft/rendezvous/aside.py), whether it was a member or the master of the round.
 
 A peer that vanishes silently leaves gloo blocked in a collective for its 30 min default
 (``init_process_group(timeout=...)``, the script's own choice): eft's ``--eft-timeouts
@@ -21,8 +22,10 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -85,6 +88,35 @@ def newest_loadable(ckpt: Path) -> int:
     return step
 
 
+def workers(node: Launched) -> list[int]:
+    """The pids of the node's training processes now."""
+    found = []
+    for process in node.processes()[1:]:  # the agent's own command line names the script too
+        try:
+            if str(LOOP) in process.cmdline():
+                found.append(process.pid)
+        except psutil.Error:
+            pass  # gone while looked at
+    return found
+
+
+def when(condition) -> Future:
+    """The monotonic time ``condition`` first holds (polled every 20 ms, for up to 120 s)."""
+    def poll() -> float:
+        deadline = time.monotonic() + 120
+        while not condition():
+            if time.monotonic() > deadline:
+                return float("inf")
+            time.sleep(0.02)
+        return time.monotonic()
+
+    pool = ThreadPoolExecutor(1)
+    try:
+        return pool.submit(poll)
+    finally:
+        pool.shutdown(wait=False)
+
+
 class NodeExited(AssertionError):
     """A node's eft-run ended during the test: it will not come back by itself."""
 
@@ -132,6 +164,7 @@ def test_training_survives_a_partition_of_one_node(cluster, tmp_path, fault, awa
     committed = max(CheckpointDir(ckpt).complete_iterations())
     rounds = [len(world_sizes(n)) for n in nodes]
 
+    fenced_at, went_on_at = when(lambda: not workers(nodes[1])), when(lambda: 1 in world_sizes(nodes[0], rounds[0]))
     FAULTS[fault](cluster)
     heal_at = time.monotonic() + away
     # node 0 still reaches etcd, node 1 does not: node 0 trains on alone
@@ -143,24 +176,23 @@ def test_training_survives_a_partition_of_one_node(cluster, tmp_path, fault, awa
     training_together(nodes, max(saves(nodes)))
 
     logs = logs_of(nodes)
+    if fault == "etcd":  # it still reaches node 0, which tells it etcd is up: it stops its workers first
+        assert fenced_at.result(1) < went_on_at.result(1), logs
+        assert "this node is cut off from etcd" in nodes[1].output(), logs
     resumed = starts(nodes)
     assert resumed.count(0) == 1 and all(s >= committed for s in resumed if s), logs  # nothing committed lost
     assert newest_loadable(ckpt) > committed
 
 
-class StalledWithTheCutNode(AssertionError):
-    """The nodes that reach each other waited for one that reaches none of them."""
+def node_ranks(node: Launched) -> list[int]:
+    """This node's rank in every rendezvous it completed."""
+    return [int(m.group(1)) for m in _ROUND.finditer(node.output())]
 
 
-# Observed on 2026-11-24: all three ranks hang in the step's all-reduce; eft's step timeout
-# (10 s) restarts each node; node 2 still holds its lease, so the next round has all three
-# again ("rendezvous complete: node rank 2 of 3, world size 3") and its workers block in
-# setup (gloo cannot connect to node 2) until the heal or the setup timeout (600 s), and again.
-@pytest.mark.xfail(strict=True, raises=StalledWithTheCutNode, reason=(
-    "a node that reaches etcd but none of its peers is put into every new round: eft restarts the hung "
-    "job at world size 3 instead of 2, and it stalls in setup until the network heals"))
-def test_two_nodes_of_three_train_on_while_the_third_is_cut_from_its_peers(tmp_path):
-    """Node 2 reaches etcd but neither peer: nodes 0 and 1 go on at world size 2, all three after the heal."""
+@pytest.mark.parametrize("rank", [pytest.param(2, id="a-member"), pytest.param(0, id="the-master")])
+def test_two_nodes_of_three_train_on_while_the_third_is_cut_from_its_peers(tmp_path, rank):
+    """The node of node rank ``rank`` reaches etcd but neither peer: it stands aside, the other two
+    go on at world size 2, and all three train together again after the heal."""
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
@@ -171,17 +203,21 @@ def test_two_nodes_of_three_train_on_while_the_third_is_cut_from_its_peers(tmp_p
         wait_for(lambda: max(saves(nodes), default=0) >= 20, 120, "the first saves")
         committed = max(CheckpointDir(ckpt).complete_iterations())
         rounds = [len(world_sizes(n)) for n in nodes]
+        cut = next(i for i, n in enumerate(nodes) if node_ranks(n)[-1] == rank)
+        rest = [n for i, n in enumerate(nodes) if i != cut]
 
-        cluster.cut(2, from_="peers")
-        try:
-            wait_for(lambda: all(2 in world_sizes(n, r) for n, r in zip(nodes[:2], rounds)), LONG,
-                     "nodes 0 and 1 to go on at world size 2")
-        except AssertionError as exc:
-            raise StalledWithTheCutNode(f"{exc}\n{logs_of(nodes)}") from exc
+        cluster.cut(cut, from_="peers")
+        # the step limit ends the hung step, the next round has all three, the cut node's probe of
+        # its master (or the others' of it) goes unanswered for 10 s: it stands aside
+        wait_for(lambda: all(2 in world_sizes(n, r) for n, r in zip(nodes, rounds) if n in rest), 90,
+                 "the two others to go on at world size 2")
+        assert "stands aside" in nodes[cut].output(), logs_of(nodes)
         apart = max(saves(nodes))
-        wait_for(lambda: max(saves(nodes)) >= apart + 20, 60, "nodes 0 and 1 to save without node 2")
+        wait_for(lambda: max(saves(nodes)) >= apart + 20, 60, "the two others to save without it")
+        alive(nodes)
         cluster.heal()
         training_together(nodes, max(saves(nodes)))
+        assert "joins again" in nodes[cut].output(), logs_of(nodes)
         assert all(s >= committed for s in starts(nodes) if s), logs_of(nodes)
 
 

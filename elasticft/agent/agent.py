@@ -77,7 +77,7 @@ from elasticft.contract.progress import read_progress
 from elasticft.contract.records import layout_record
 from elasticft.contract.run_dir import WorkerEnv
 from elasticft.knobs import env_name
-from elasticft.rendezvous.backend import rendezvous_round
+from elasticft.rendezvous.backend import rendezvous_round, stand_aside_if_cut
 from elasticft.settings import Settings
 from elasticft.slurm.worker_env import slurm_worker_env
 
@@ -172,7 +172,8 @@ class FTElasticAgent(LocalElasticAgent):
         self._hangs = HangMonitor(self._settings.hang, timeouts, self._run_dir, ctx.record if ctx else None)
         self._observer = Observer(ctx.membership if ctx else None, ctx.node if ctx else None, self._hangs, self._ckpt,
                                   self._settings.ft.attribution_window,
-                                  lambda: set(torch_seam.worker_pids(self).values()), self._numerics)
+                                  lambda: set(torch_seam.worker_pids(self).values()), self._numerics,
+                                  ctx.fence.must_fence if ctx and ctx.fence else lambda: False)
         self._ckpt.forward_exit_signals()
 
     def _finish(self, clean: bool, stopped_by: str | None) -> None:
@@ -235,6 +236,8 @@ class FTElasticAgent(LocalElasticAgent):
             # (eft's handler builds each round's store address anew: no cached address of a lost rank 0)
             ctx.membership.take_losses()
         super()._rendezvous(worker_group)
+        while stand_aside_if_cut(worker_group.spec.rdzv_handler):  # reaches etcd, not the round's master
+            super()._rendezvous(worker_group)
         if self._budget is not None:
             self._budget.joined(rendezvous_round(worker_group.spec.rdzv_handler))
         world = worker_group.workers[0].world_size if worker_group.workers else 0
@@ -328,6 +331,8 @@ class FTElasticAgent(LocalElasticAgent):
         if self._pending is REPORT and self._observer.fenced():  # torch's own restart, on a fenced node
             self._pending = FENCED
             announce(FENCED, self._ctx, self.membership_restarts)
+        if self._pending.reason is RestartReason.FENCED:  # now: the report below may wait for etcd
+            super()._shutdown(self._pending.stop_signal)
         reason = restart_reason(self._pending, worker_group.state)
         if self._budget is not None:
             self._budget.before_restart(reason, lambda: self._stop_workers(worker_group))

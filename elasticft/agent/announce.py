@@ -24,6 +24,11 @@ def announce(decision: Decision, ctx: AgentContext | None, membership_restarts: 
             log.warning("etcd let this node's lease expire (no refresh reached it for %.0f s: the node was frozen, "
                         "or cut off from etcd); the others went on without it: its workers are stopped (fenced "
                         "off) and it rejoins at the next round", silent)
+        elif silent < ctx.lease.ttl:
+            log.warning("etcd has not confirmed this node's lease for %.1f s but answers its peers: this node is "
+                        "cut off from etcd, and the others go on without it once its lease expires; its workers "
+                        "are stopped now (fenced off) and it rejoins through a new rendezvous once etcd answers "
+                        "(not charged to --max-restarts)", silent)
         else:
             log.warning("etcd has not confirmed this node's lease for %.0f s (longer than its TTL): the others may "
                         "have gone on without it; its workers are stopped (fenced off) and it rejoins through a new "

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elasticft.agent.events import EventLog
+from elasticft.agent.fence import Beacon, FenceWatch
 from elasticft.contract.events import EventKind
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord
@@ -44,6 +45,8 @@ class AgentContext:
     events: EventLog
     membership: Membership  # a live mirror of every node's record
     run_dir: Path  # node-local; shared with the workers (elasticft.contract.run_dir)
+    beacon: Beacon | None = None  # tells peers how long etcd has been silent to this node
+    fence: FenceWatch | None = None  # says when this node, cut off from etcd alone, must stop its workers
 
     @property
     def node_id(self) -> str:
@@ -93,23 +96,32 @@ class AgentContext:
              run_dir: Path, domain: str = "") -> "AgentContext":
         """Connect, write this node's record under a new lease, and watch the others'."""
         client = connect(target.store)
+        node_id = node_id or default_node_id()
+        beacon = Beacon(rdzv_addr)
         record = NodeRecord(
-            node_id=node_id or default_node_id(),
+            node_id=node_id,
             host=socket.gethostname(),
             rdzv_addr=rdzv_addr,  # the address torch's rendezvous names this agent by
             pid=os.getpid(),
             gpus=list(range(gpus)),
             domain=domain,
             attempt=target.attempt,
+            beacon=beacon.address,
         )
         membership = Membership(client, target.keys)
         node = NodeLease(client, target.keys, record, ttl)
+        fence = FenceWatch(lambda: time.monotonic() - node.lease.refreshed_at, node.lease.ttl, lambda: [
+            r.beacon for r in membership.members().values() if r.node_id != record.node_id and r.beacon])
+        beacon.report = fence.report
         events = EventLog(client, target.keys, record.node_id)
         log.info("node %s joined run %s (lease TTL %g s)", record.node_id, target.keys.run_id, ttl)
-        return cls(client, target.keys, node, events, membership, run_dir)
+        return cls(client, target.keys, node, events, membership, run_dir, beacon, fence)
 
     def leave(self, clean: bool) -> None:
         """Revoke the lease (marked exited first when ``clean``) and disconnect."""
+        for part in (self.fence, self.beacon):
+            if part is not None:
+                part.close()
         self.node.close(clean)
         self.membership.close()
         self.client.close()

@@ -25,7 +25,7 @@ from elasticft.rendezvous.membership import Membership, NodeLease
 class Observer:
     def __init__(self, membership: Membership | None, node: NodeLease | None, hangs: HangMonitor,
                  ckpt: CheckpointCoordinator, attribution_window: float, worker_pids: Callable[[], set[int]],
-                 numerics: NumericsWatch):
+                 numerics: NumericsWatch, must_fence: Callable[[], bool] = lambda: False):
         self._membership = membership  # None off the etcd-v3 backend: no leases to watch
         self._node = node  # this node's own record and lease (None off etcd-v3)
         self._hangs = hangs
@@ -33,6 +33,7 @@ class Observer:
         self._window = attribution_window
         self._worker_pids = worker_pids
         self._numerics = numerics
+        self._must_fence = must_fence  # cut off from etcd alone: stop the workers before the lease expires
 
     def look(self, state: WorkerState, worker_group: WorkerGroup) -> Observation:
         """What ``decide`` needs after torch's monitor said ``state``."""
@@ -41,10 +42,11 @@ class Observer:
                                rollback=self._numerics.take_rollback())
         if state in (WorkerState.UNHEALTHY, WorkerState.FAILED):
             lost, fenced = self._own_loss(self._explain_failure(worker_group))
-            return Observation(state, lost=lost, fenced=fenced or self._cut_off())
+            return Observation(state, lost=lost, fenced=fenced or self._cut_off() or self._must_fence())
         membership = self._membership
         lost = tuple(membership.take_losses()) if membership is not None and membership.lost.is_set() else None
         lost, fenced = self._own_loss(lost)
+        fenced = fenced or self._must_fence()
         overruns = ()
         if lost is None and not fenced and worker_group.workers and state is WorkerState.HEALTHY:
             overruns = tuple(self._hangs.check(self._worker_pids()))
@@ -68,7 +70,7 @@ class Observer:
         it for longer than its TTL. Asked before a restart torch starts on its own (nodes wait to
         join): a node that thaws sees the waiting nodes before it hears that its lease expired."""
         node = self._node
-        return node is not None and (node.lease.lost.is_set() or self._cut_off())
+        return node is not None and (node.lease.lost.is_set() or self._cut_off() or self._must_fence())
 
     def _cut_off(self) -> bool:
         """No refresh of this node's lease reached etcd for longer than its TTL: etcd may have

@@ -175,6 +175,16 @@ class RunKeys:
         (under that node's lease): the members of ``round_ - 1`` watch for it."""
         return f"{self.rdzv_control}waiting/{round_}"
 
+    @property
+    def rdzv_asides(self) -> str:
+        """Prefix of the markers of nodes standing aside (``rendezvous/aside.py``)."""
+        return self.rdzv_control + "aside/"
+
+    def rdzv_aside(self, node: str) -> str:
+        """Present while ``node`` stands aside, under its lease: it reaches etcd but not the
+        master of the round it left. JSON ``{"round": r, "master": <node>}``."""
+        return self.rdzv_asides + node
+
     def rdzv_participants(self, round_: int) -> str:
         """Prefix of round ``round_``'s participants, one key per node under that node's lease."""
         return f"{self.root}rdzv/{round_}/p/"

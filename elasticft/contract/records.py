@@ -49,6 +49,7 @@ class NodeRecord:
     started: float = field(default_factory=time.time)
     domain: str = ""  # failure domain (--eft-node-label): memory checkpoint replicas go to other domains
     attempt: str = ""  # the launch it belongs to: SLURM "<job>.r<restart>"; run id 'none': "cmd-<digest>"
+    beacon: str = ""  # host:port where the agent tells peers how long etcd has been silent (agent/fence.py)
 
     def __post_init__(self) -> None:
         self.state = NodeState(self.state)

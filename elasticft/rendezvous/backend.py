@@ -68,9 +68,10 @@ class EtcdRendezvousOptions:
     store_timeout: float = 900.0
 
     etcd_outage_limit: float = 600.0
+    peer_probe_timeout: float = 10.0  # 0: no node ever stands aside (rendezvous/aside.py)
 
     ETCD_KEYS = ("key_prefix", "cacert", "cert", "key", "user", "password", "lease_ttl", "etcd_timeout",
-                 "etcd_outage_limit")
+                 "etcd_outage_limit", "peer_probe_timeout")
 
     @classmethod
     def from_params(cls, params: RendezvousParameters) -> EtcdRendezvousOptions:
@@ -127,6 +128,7 @@ class EtcdRendezvousOptions:
             join_timeout=number("join_timeout", 600.0),
             store_timeout=number("timeout", 900.0),
             etcd_outage_limit=number("etcd_outage_limit", 600.0),
+            peer_probe_timeout=0.0 if config.get("peer_probe_timeout") in ("0", 0) else number("peer_probe_timeout", 10.0),
         )
 
 
@@ -183,7 +185,7 @@ def create_handler(params: RendezvousParameters, client: EtcdClient | None = Non
     close_timeout = params.config.get("close_timeout")  # validated by from_params
     return EtcdRendezvousHandler(rounds, store, params.run_id, params.local_addr,
                                  close_timeout=float(close_timeout) if close_timeout is not None else None,
-                                 outage_limit=options.etcd_outage_limit)
+                                 outage_limit=options.etcd_outage_limit, probe_timeout=options.peer_probe_timeout)
 
 
 def rendezvous_round(handler: RendezvousHandler) -> int:
@@ -194,6 +196,12 @@ def rendezvous_round(handler: RendezvousHandler) -> int:
             raise RuntimeError("rendezvous_round() before the first next_rendezvous()")
         return handler.round.number
     return torch_seam.rendezvous_round(handler)  # torch's own handler (the old blob backend)
+
+
+def stand_aside_if_cut(handler: RendezvousHandler) -> bool:
+    """After a round's ranks are assigned: True when this node stood aside from it (it
+    cannot reach the round's master; ``aside.py``) and may now join a new round."""
+    return isinstance(handler, EtcdRendezvousHandler) and handler.stand_aside_if_cut()
 
 
 def leave_without_closing(handler: RendezvousHandler) -> None:

@@ -37,7 +37,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from elasticft.contract.keys import BACKEND_NAME
-from elasticft.rendezvous.rounds import Round, Rounds
+from elasticft.rendezvous.aside import Aside, PeerCheck
+from elasticft.rendezvous.rounds import OddOneOut, Round, Rounds
 from elasticft.store import StoreError, StoreUnavailable
 from elasticft.store.errors import LeaseNotFound
 from elasticft.store.outage import through_outage
@@ -73,9 +74,10 @@ def node_name(local_addr: str | None) -> str:
 
 class EtcdRendezvousHandler(RendezvousHandler):
     def __init__(self, rounds: Rounds, store: dist.Store, run_id: str, local_addr: str | None,
-                 close_timeout: float | None = None, outage_limit: float = 600.0):
+                 close_timeout: float | None = None, outage_limit: float = 600.0, probe_timeout: float = 10.0):
         self._rounds = rounds
         self._outage_limit = outage_limit
+        self._peers = PeerCheck(rounds, self._master_of, probe_timeout, wait_limit=rounds.limits.join_timeout)
         self._store = store
         self._addr = local_addr or socket.getfqdn()
         limits = rounds.limits
@@ -92,6 +94,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
             keep_alive_max_attempt=1,
         )
         self._tcp_store_server: dist.TCPStore | None = None
+        self._bootstrap: RendezvousStoreInfo | None = None  # the master of the round just formed
         self.round: Round | None = None
 
     @property
@@ -101,6 +104,10 @@ class EtcdRendezvousHandler(RendezvousHandler):
     @property
     def rounds(self) -> Rounds:
         return self._rounds
+
+    @property
+    def peers(self) -> PeerCheck:
+        return self._peers
 
     def get_backend(self) -> str:
         return BACKEND_NAME
@@ -113,8 +120,53 @@ class EtcdRendezvousHandler(RendezvousHandler):
         return os.getenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1"
 
     def next_rendezvous(self) -> RendezvousInfo:
+        while True:
+            try:
+                with store_errors_as_connection_errors():
+                    self.round = formed = self._join_through_outages()
+                info = self._formed(formed)
+                self._bootstrap = info.bootstrap_store_info
+                return info
+            except OddOneOut as exc:  # most of a round cannot reach this node: out until it reaches theirs
+                self._stand_aside(Aside(exc.number - 1, self._rounds.node))
+
+    def stand_aside_if_cut(self) -> bool:
+        """Stand aside from the round just formed when this node cannot reach its master, or
+        most nodes cannot reach this one (``aside.py``); True once it may join again.
+
+        Called by eft's agent once the round's ranks are assigned: torch's agent assigns
+        them through the store with every member of the round, so a node must not leave
+        before. The others then see it leave, and re-rendezvous without it.
+        """
+        formed, master = self.round, self._bootstrap
+        if formed is None or master is None or not self.use_agent_store:
+            return False  # without the agent's store nothing listens at the master's address yet
+        try:
+            aside = self._peers.check(formed, master.master_addr, master.master_port)
+        except StoreError as exc:  # etcd away: go on as before this check (gloo finds out)
+            log.warning("etcd-v3 rendezvous: could not check the master of round %d: %s", formed.number, exc)
+            return False
+        if aside is None:
+            return False
+        self._tcp_store_server = None
+        self._stand_aside(aside)
+        return True
+
+    def _stand_aside(self, aside: Aside) -> None:
+        self._bootstrap = None
         with store_errors_as_connection_errors():
-            self.round = formed = self._join_through_outages()
+            through_outage(lambda: self._peers.stand_aside(aside), self._outage_limit,
+                           f"the rendezvous of {self._settings.run_id}")
+
+    def _master_of(self, number: int) -> tuple[str, int] | None:
+        """Where round ``number``'s master listens, once its rank 0 wrote it (None before)."""
+        store = dist.PrefixStore(f"torch.rendezvous.{self._settings.run_id}.{number}", self._store)
+        keys = [RendezvousStoreInfo.MASTER_ADDR_KEY, RendezvousStoreInfo.MASTER_PORT_KEY]
+        if not store.check(keys):
+            return None
+        return store.get(keys[0]).decode(), int(store.get(keys[1]).decode())
+
+    def _formed(self, formed: Round) -> RendezvousInfo:
         store = dist.PrefixStore(f"torch.rendezvous.{self._settings.run_id}.{formed.number}", self._store)
         server_port = None
         if self.use_agent_store:
@@ -138,11 +190,13 @@ class EtcdRendezvousHandler(RendezvousHandler):
         only the outage, since every other node restarts into the same round when etcd is back.
         """
 
+        leave_if = self._peers.odd_one_out if self._peers.enabled else None
+
         def join() -> Round:
             try:
-                return self._rounds.join()
+                return self._rounds.join(leave_if)
             except LeaseNotFound:  # expired while this node was frozen or cut off: again, under a new one
-                return self._rounds.join()
+                return self._rounds.join(leave_if)
 
         return through_outage(join, self._outage_limit, f"the rendezvous of {self._settings.run_id}")
 

@@ -7,14 +7,12 @@ A round ``r`` is formed like this (keys in ``contract/keys.py``):
   range read and one watch per node for as long as it takes part;
 * a node joins the first undecided round: it puts ``rdzv/<r>/p/<node>`` under its own
   lease (one small write, no contention; liveness is the lease);
-* one node, the *closer*, created ``rdzv/ctl/closer/<r>`` first (create-if-absent,
-  under its lease: if it dies the key goes and another waiting node takes the role).
-  It watches the participants; once the previous round has no participant left
-  (torch's rule: a new round starts when every member of the last one has left it)
-  and ``min_nodes`` are there, it waits ``last_call`` for more (not at ``max_nodes``,
-  nor after the first round: once every live member of the round before is here, a lost
-  node costs its lease TTL only, and a newcomer is taken in at the next round) and creates ``rdzv/ctl/decision/<r>`` = ``{"revision": R, "size": n}``: the
-  participants are the keys that existed at revision R;
+* one node, the *closer*, created ``rdzv/ctl/closer/<r>`` first (create-if-absent, under
+  its lease: if it dies another waiting node takes the role). Once the previous round has
+  no participant left (torch's rule) and ``min_nodes`` are there, it waits ``last_call``
+  for more (not at ``max_nodes``, nor after the first round: a lost node costs its lease
+  TTL only, a newcomer comes next round) and creates ``rdzv/ctl/decision/<r>`` =
+  ``{"revision": R, "size": n}``: the participants are the keys that existed at revision R;
 * when the decision reaches a node through its watch, its rank is the number of
   participant keys sorting before its own at revision R: one count-only range read,
   the same answer on every node, no member list sent to anyone;
@@ -24,8 +22,8 @@ A round ``r`` is formed like this (keys in ``contract/keys.py``):
   a watch on their round's keys that starts at R (nothing read): ``waiting()`` answers
   from memory, with a count request only when someone waits and the round is not full.
 
-When membership does not change nothing is written: the only traffic is lease
-keep-alives.
+When membership does not change nothing is written: the only traffic is lease keep-alives.
+A node that cannot reach its round's master stands aside (``aside.py``, ``stand_aside``).
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch.distributed.elastic.rendezvous import (
@@ -55,6 +54,14 @@ KEPT_DECISIONS = 8
 
 class MixedVersionError(RendezvousError):
     """An agent of the old (pickled-state) etcd-v3 backend shares this run."""
+
+
+class OddOneOut(RendezvousError):
+    """``join``'s ``leave_if`` said so while joining round ``number`` (``rendezvous/aside.py``)."""
+
+    def __init__(self, number: int):
+        super().__init__(f"left round {number}: the nodes standing aside cannot reach this one")
+        self.number = number
 
 
 @dataclass(frozen=True)
@@ -190,8 +197,9 @@ class Rounds:
 
     # -- joining -----------------------------------------------------------------
 
-    def join(self) -> Round:
-        """Block until this node is a member of a formed round; its rank and size."""
+    def join(self, leave_if: Callable[[dict[str, bytes]], bool] | None = None) -> Round:
+        """Block until this node is a member of a formed round; its rank and size. ``leave_if``
+        is asked with the control keys at every change seen: True leaves (``OddOneOut``)."""
         self._stop_watching_round()
         deadline = time.monotonic() + self.limits.join_timeout
         try:
@@ -200,7 +208,7 @@ class Rounds:
             number = self._first_undecided(control)
             while True:
                 joined_at = self._enter(number)
-                formed = self._wait_for_decision(number, joined_at, deadline)
+                formed = self._wait_for_decision(number, joined_at, deadline, leave_if)
                 if formed is not None:
                     self._start_watching_round(formed)
                     return formed
@@ -216,7 +224,8 @@ class Rounds:
             self._drop_keys()
             raise
 
-    def _wait_for_decision(self, number: int, joined_at: int, deadline: float) -> Round | None:
+    def _wait_for_decision(self, number: int, joined_at: int, deadline: float,
+                           leave_if: Callable[[dict[str, bytes]], bool] | None = None) -> Round | None:
         decision_key = self._keys.rdzv_decision(number)
         closer_key, waiting_key = self._keys.rdzv_closer(number), self._keys.rdzv_waiting(number)
         after_formed = self._keys.rdzv_decision(number - 1)
@@ -229,6 +238,8 @@ class Rounds:
                 seen = self._generation
                 control = self._watch_control()
                 self._check_run(control, waiting_in=number)
+                if leave_if is not None and leave_if(control.snapshot()):
+                    raise OddOneOut(number)
                 decision = control.get(decision_key)
                 if decision is not None:
                     return self._resolve(number, decision, joined_at)
@@ -289,9 +300,9 @@ class Rounds:
             control.close()
 
     def _stop_watching_round(self) -> None:
-        members, self._members = self._members, None
-        if members is not None:
-            members.close()
+        if self._members is not None:
+            self._members.close()
+        self._members = None
 
     def _lost_members(self, formed: Round, members: KeySet) -> int:
         """Members of my round gone since it formed. A key that vanished is a member's
@@ -343,6 +354,23 @@ class Rounds:
         """A node waits in the round after mine (its marker is in my control watch)."""
         formed, control = self._current, self._control
         return formed is not None and control is not None and self._keys.rdzv_waiting(formed.number + 1) in control
+
+    def control(self) -> dict[str, bytes]:
+        return self._watch_control().snapshot()  # the control keys as my watch holds them
+
+    def stand_aside(self, marker: str, why: str) -> None:
+        """Leave my round but not the rendezvous: my participant key goes (the others
+        re-rendezvous without me) and ``marker`` stays under my lease saying ``why``, in one
+        request; my next join deletes it. Raises StoreError."""
+        self._stop_watching_round()
+        self._current = None
+        stale = self._roles + ([self._joined[1]] if self._joined is not None else [])
+        try:
+            self._client.put_and_delete(marker, why, self._ensure_lease(), stale)
+            self._leftover.append(marker)
+        except LeaseNotFound:  # my keys went with it: out of the round all the same, unmarked
+            self._lease.lost.set()
+        self._joined, self._roles = None, []
 
     def is_closed(self) -> bool:
         return self._client.get(self._keys.rdzv_closed) is not None

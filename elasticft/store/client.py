@@ -184,10 +184,10 @@ class EtcdClient:
         kv = response.kvs[0]
         return KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease), response.header.revision
 
-    def oldest(self, prefix: str, limit: int) -> list[KeyValue]:
-        """The first ``limit`` keys under ``prefix`` in key order, with their values."""
+    def oldest(self, prefix: str, limit: int, revision: int | None = None) -> list[KeyValue]:
+        """The first ``limit`` keys under ``prefix`` in key order (at ``revision``, else now), with their values."""
         response = self._call(lambda c: c.get_prefix_response(prefix, limit=limit, sort_order="ascend",
-                                                               sort_target="key"))
+                                                               sort_target="key", revision=revision))
         return [KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease, kv.create_revision)
                 for kv in response.kvs]
 

@@ -1,0 +1,161 @@
+"""Self-fencing: a node cut off from etcd, not from its peers, stops its workers before the others go on.
+
+etcd lets a node's lease expire a TTL after the last refresh that reached it, and the
+others then restart without the node. Its workers must be stopped by then: they hold
+GPUs, ports and a place in collectives the new round no longer expects. But an etcd
+that is down for everyone must stop no one (the workers never need etcd to train), and
+a node cannot tell the two apart by itself. Its peers can: every agent answers, on a
+small TCP port named in its node record (``NodeRecord.beacon``), how long ago etcd last
+confirmed its lease, and how long ago etcd came back to it after a gap. A node whose
+lease is unconfirmed for half its TTL asks a few peers. When one heard from etcd a
+whole refresh period after this node last did, etcd is up and this node is cut off:
+once its lease is about to expire (its TTL less a margin), it fences itself
+(``Observer.look``; ``decide`` stops the workers with SIGKILL, uncharged) and joins again
+through a new rendezvous when it reaches etcd. A peer that had a gap too means etcd was
+down for all: etcd renews every lease when it comes back (a new leader does), so the
+lease's clock restarts then, and the node is given the time to reconnect. No peer
+answers, or none heard from etcd since: an outage of etcd itself; the workers train on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+PEERS_ASKED = 3  # a few peers are enough: one that hears etcd settles it
+SLACK = 0.2  # seconds of keep-alive latency allowed for when comparing silences
+NEVER = 1e9  # the silence of a node etcd never confirmed
+
+
+class Beacon:
+    """Answers every TCP connection with one JSON line: this node's ``report()``."""
+
+    def __init__(self, host: str):
+        # set once the lease exists; until then: never heard from etcd, as far as a peer should know
+        self.report: Callable[[], dict] = lambda: {"silence": NEVER}
+        self._server = socket.create_server(("", 0))
+        self.address = f"{host}:{self._server.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._serve, name="eft-beacon", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                try:
+                    conn.settimeout(1.0)
+                    conn.sendall(json.dumps(self.report()).encode() + b"\n")
+                except OSError:
+                    pass  # the asker went away: its problem
+
+    def close(self) -> None:
+        try:
+            self._server.shutdown(socket.SHUT_RDWR)  # wakes the accept (close alone would leave it listening)
+        except OSError:
+            pass
+        self._server.close()
+        self._thread.join(timeout=2)
+
+
+@dataclass(frozen=True)
+class PeerView:
+    """What a peer's beacon said: seconds since etcd confirmed its lease, and since etcd came
+    back to it after a gap (None: no gap seen)."""
+
+    silence: float
+    resumed: float | None = None
+
+
+def ask(address: str, timeout: float) -> PeerView | None:
+    """A peer's answer, or None when it does not answer in time."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout) as conn:
+            conn.settimeout(timeout)
+            raw = json.loads(conn.makefile("rb").readline())
+        resumed = raw.get("resumed")
+        return PeerView(float(raw["silence"]), float(resumed) if resumed is not None else None)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+class FenceWatch:
+    """Watches this node's lease on its own thread; ``must_fence`` says when to stop the workers."""
+
+    def __init__(self, silence: Callable[[], float], ttl: float, peers: Callable[[], list[str]]):
+        self._silence = silence
+        self._ttl = ttl
+        self._peers = peers  # the beacons of the other nodes (the last membership etcd showed)
+        self.deadline = ttl - min(0.5, ttl / 6)  # fence this long after the lease's clock last restarted
+        self._cut_off_at: float | None = None  # when a peer last showed etcd answers it, not this node
+        self._clock_from = 0.0  # when etcd came back after a gap for a peer (all leases renewed then)
+        self._resumed_at: float | None = None  # when etcd came back to this node after a gap
+        self.asked = 0  # rounds of asking the peers so far
+        self._stopped = threading.Event()
+        self._pool = ThreadPoolExecutor(PEERS_ASKED, thread_name_prefix="eft-fence-ask")
+        self._thread = threading.Thread(target=self._watch, name="eft-fence", daemon=True)
+        self._thread.start()
+
+    def report(self) -> dict:
+        """This node's answer to a peer (``Beacon.report``)."""
+        resumed = self._resumed_at
+        return {"silence": round(self._silence(), 3),
+                "resumed": round(time.monotonic() - resumed, 3) if resumed is not None else None}
+
+    def must_fence(self) -> bool:
+        """etcd answers a peer but not this node, and this node's lease is about to expire."""
+        cut_off_at, now = self._cut_off_at, time.monotonic()
+        last_heard = now - self._silence()
+        return (cut_off_at is not None and now - cut_off_at < self._ttl
+                and now - max(last_heard, self._clock_from) >= self.deadline)
+
+    def _watch(self) -> None:
+        asked_at, before = 0.0, 0.0
+        while not self._stopped.wait(0.1):
+            silent = self._silence()
+            if silent < before and before > self._ttl / 2:
+                self._resumed_at = time.monotonic() - silent  # a gap ended: etcd answers me again
+            before = silent
+            if silent < self._ttl / 2:
+                self._cut_off_at = None
+                continue
+            # every TTL/6 while the lease may still expire, then every 2 s (an outage of etcd for
+            # everyone has every node ask; a few connections each, no more)
+            if time.monotonic() - asked_at < (self._ttl / 6 if silent < 2 * self._ttl else 2.0):
+                continue
+            asked_at = time.monotonic()
+            self._ask_peers(silent)
+            self.asked += 1
+
+    def _ask_peers(self, silent: float) -> None:
+        """Did a peer hear from etcd a refresh period after this node last did (had etcd been up
+        for this node, one of its own refreshes would have reached it), and did etcd come back
+        to a peer after a gap of its own (then every lease was renewed when it did)?"""
+        peers = self._peers()
+        asked = random.sample(peers, min(PEERS_ASKED, len(peers)))
+        now = time.monotonic()
+        views = [v for v in self._pool.map(lambda address: ask(address, self._ttl / 6), asked) if v is not None]
+        for view in views:
+            if view.resumed is not None and view.resumed < silent:
+                self._clock_from = max(self._clock_from, now - view.resumed)
+        if any(view.silence < silent - self._ttl / 3 - SLACK for view in views):
+            if self._cut_off_at is None:
+                log.warning("etcd has not confirmed this node's lease for %.1f s but answers its peers: "
+                            "this node is cut off from etcd", silent)
+            self._cut_off_at = now
+
+    def close(self) -> None:
+        self._stopped.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
