@@ -86,7 +86,7 @@ class PeerCheck:
         self._master_of = master_of
         self.probe_timeout = probe_timeout  # 0: never probe, never stand aside
         self._wait_limit = wait_limit
-        self._keys = rounds._keys
+        self._keys = rounds.keys
 
     @property
     def enabled(self) -> bool:
@@ -124,12 +124,12 @@ class PeerCheck:
         if master is None:
             return None  # the master is gone already: the restart for it is on its way
         master_key = self._keys.rdzv_participant(formed.number, master)
-        if reachable(addr, port, self.probe_timeout, give_up=lambda: self._rounds._client.get(master_key) is None):
+        if reachable(addr, port, self.probe_timeout, give_up=lambda: self._rounds.client.get(master_key) is None):
             return None
         return Aside(formed.number, master, addr, port)
 
     def _master_node(self, formed: Round) -> str | None:
-        first = self._rounds._client.oldest(self._keys.rdzv_participants(formed.number), 1, formed.revision)
+        first = self._rounds.client.oldest(self._keys.rdzv_participants(formed.number), 1, formed.revision)
         return json.loads(first[0].value)["node"] if first else None
 
     # -- standing aside ----------------------------------------------------------
@@ -168,6 +168,7 @@ class PeerCheck:
         if aside.master == self._rounds.node:
             # no round formed without me: the others may need me to reach min_nodes; try again
             return time.monotonic() - since > 2 * self.probe_timeout
+
         def master_out() -> bool:  # it stands aside too (a marker in my watch: no request)
             return self._keys.rdzv_aside(aside.master) in self._rounds.control()
 
@@ -177,5 +178,5 @@ class PeerCheck:
 
     def _gone(self, node: str, first: int, last: int) -> bool:
         """``node`` holds no participant key in rounds ``first`` to ``last``: its lease is gone."""
-        client = self._rounds._client
+        client = self._rounds.client
         return all(client.get(self._keys.rdzv_participant(n, node)) is None for n in range(first, last + 1))

@@ -88,8 +88,8 @@ class Rounds:
     """One node's part in the rounds of one run."""
 
     def __init__(self, client: EtcdClient, keys: RunKeys, node: str, limits: RoundLimits, lease_ttl: float):
-        self._client = client
-        self._keys = keys
+        self.client = client
+        self.keys = keys
         self.node = node
         self.limits = limits
         self._lease_ttl = lease_ttl
@@ -120,7 +120,7 @@ class Rounds:
 
     def _ensure_lease(self) -> Lease:
         if self._lease is None or self._lease.lost.is_set():
-            self._lease = self._client.lease(self._lease_ttl)
+            self._lease = self.client.lease(self._lease_ttl)
             self._joined = None
             self._roles = []
         return self._lease
@@ -130,42 +130,42 @@ class Rounds:
         if self._control is None or self._control.broken:
             if self._control is not None:
                 self._control.close()
-            self._control = KeySet(self._client, self._keys.rdzv_control, self._wake, end=self._keys.rdzv_watched_end)
+            self._control = KeySet(self.client, self.keys.rdzv_control, self._wake, end=self.keys.rdzv_watched_end)
         return self._control
 
     def _check_run(self, control: KeySet, waiting_in: int | None = None) -> None:
-        if self._keys.rdzv_closed in control:
+        if self.keys.rdzv_closed in control:
             if waiting_in is not None and self._spare(control, waiting_in):
                 raise RendezvousGracefulExitError()  # torch's answer to its redundancy list: a clean exit
             raise RendezvousClosedError()
-        if self._keys.rdzv_state in control:
+        if self.keys.rdzv_state in control:
             raise MixedVersionError(
-                f"etcd-v3 rendezvous: {self._keys.rdzv_state} was written by an agent of an older eft "
+                f"etcd-v3 rendezvous: {self.keys.rdzv_state} was written by an agent of an older eft "
                 "(pickled-state backend); every agent of a run must run the same eft version"
             )
 
     def _spare(self, control: KeySet, number: int) -> bool:
         """Waiting in round ``number`` while the round before it formed full: torch's redundancy list."""
-        decided = control.get(self._keys.rdzv_decision(number - 1)) if number > 0 else None
+        decided = control.get(self.keys.rdzv_decision(number - 1)) if number > 0 else None
         return decided is not None and int(json.loads(decided)["size"]) >= self.limits.max_nodes
 
     def _first_undecided(self, control: KeySet) -> int:
-        decided = [_round_of(k) for k in control.snapshot() if k.startswith(self._keys.rdzv_decisions)]
+        decided = [_round_of(k) for k in control.snapshot() if k.startswith(self.keys.rdzv_decisions)]
         return max(decided, default=-1) + 1
 
     def _enter(self, number: int) -> int:
         """Put my participant key in round ``number`` and drop my keys of the round before (one request)."""
-        key = self._keys.rdzv_participant(number, self.node)
+        key = self.keys.rdzv_participant(number, self.node)
         lease = self._ensure_lease()
         stale = self._roles + ([self._joined[1]] if self._joined is not None and self._joined[1] != key else [])
         stale += [k for k in self._leftover if k != key and k not in stale]
-        revision = self._client.put_and_delete(key, json.dumps({"node": self.node}), lease, stale)
+        revision = self.client.put_and_delete(key, json.dumps({"node": self.node}), lease, stale)
         self._joined, self._roles, self._leftover = (number, key), [], []
         return revision
 
     def _claim(self, key: str) -> None:
         """Create a role key (closer, waiting marker) under my lease if no one holds it."""
-        if self._client.create(key, self.node, lease=self._lease):
+        if self.client.create(key, self.node, lease=self._lease):
             self._roles.append(key)
         else:
             self.cas_losses += 1
@@ -176,21 +176,21 @@ class Rounds:
         revision, size = int(fields["revision"]), int(fields["size"])
         if joined_at > revision:
             return None
-        prefix = self._keys.rdzv_participants(number)
-        rank, _ = self._client.count_range(prefix, self._keys.rdzv_participant(number, self.node), revision)
+        prefix = self.keys.rdzv_participants(number)
+        rank, _ = self.client.count_range(prefix, self.keys.rdzv_participant(number, self.node), revision)
         return Round(number, rank, size, revision) if rank < size else None
 
     def _close(self, number: int) -> None:
         """Decide round ``number``: its participants are the keys there now. The same
         transaction drops what the round no longer needs: its closer and waiting keys and
         the decision of a round long gone (a recent one may still be read by a slow node)."""
-        prefix = self._keys.rdzv_participants(number)
-        count, revision = self._client.count_range(prefix, prefix_end(prefix))
+        prefix = self.keys.rdzv_participants(number)
+        count, revision = self.client.count_range(prefix, prefix_end(prefix))
         decision = json.dumps({"revision": revision, "size": min(count, self.limits.max_nodes)})
-        done = (self._keys.rdzv_closer(number), self._keys.rdzv_waiting(number))
+        done = (self.keys.rdzv_closer(number), self.keys.rdzv_waiting(number))
         if number >= KEPT_DECISIONS:
-            done += (self._keys.rdzv_decision(number - KEPT_DECISIONS),)
-        if self._client.create(self._keys.rdzv_decision(number), decision, delete=done):
+            done += (self.keys.rdzv_decision(number - KEPT_DECISIONS),)
+        if self.client.create(self.keys.rdzv_decision(number), decision, delete=done):
             self._roles = [k for k in self._roles if k not in done]
         else:
             self.cas_losses += 1
@@ -226,9 +226,9 @@ class Rounds:
 
     def _wait_for_decision(self, number: int, joined_at: int, deadline: float,
                            leave_if: Callable[[dict[str, bytes]], bool] | None = None) -> Round | None:
-        decision_key = self._keys.rdzv_decision(number)
-        closer_key, waiting_key = self._keys.rdzv_closer(number), self._keys.rdzv_waiting(number)
-        after_formed = self._keys.rdzv_decision(number - 1)
+        decision_key = self.keys.rdzv_decision(number)
+        closer_key, waiting_key = self.keys.rdzv_closer(number), self.keys.rdzv_waiting(number)
+        after_formed = self.keys.rdzv_decision(number - 1)
         mine: KeySet | None = None
         previous: KeySet | None = None
         last_call_until: float | None = None
@@ -252,9 +252,9 @@ class Rounds:
                     if after_formed in control and waiting_key not in control:
                         self._claim(waiting_key)
                 if mine is None and control.get(closer_key) == self.node.encode():
-                    mine = KeySet(self._client, self._keys.rdzv_participants(number), self._wake)
+                    mine = KeySet(self.client, self.keys.rdzv_participants(number), self._wake)
                     if number > 0:
-                        previous = KeySet(self._client, self._keys.rdzv_participants(number - 1), self._wake)
+                        previous = KeySet(self.client, self.keys.rdzv_participants(number - 1), self._wake)
                 now = time.monotonic()
                 wake_at = deadline
                 if mine is not None and (previous is None or len(previous) == 0):
@@ -309,12 +309,12 @@ class Rounds:
         when it ranked below the size at R (else it was a node beyond ``max_nodes``
         moving on); classified lazily, one count each, and only until one is found."""
         lost = 0
-        prefix = self._keys.rdzv_participants(formed.number)
+        prefix = self.keys.rdzv_participants(formed.number)
         for key in list(members.vanished):
             if key not in self._member_lost:
                 if lost:
                     break  # one known loss is enough to restart; torch asks only for > 0
-                rank, _ = self._client.count_range(prefix, key, formed.revision)
+                rank, _ = self.client.count_range(prefix, key, formed.revision)
                 self._member_lost[key] = rank < formed.size
             lost += self._member_lost[key]
         return lost
@@ -335,14 +335,14 @@ class Rounds:
             if self._members is not None and self._members.broken:
                 self._stop_watching_round()  # made anew below, from the same revision
             if self._members is None:
-                self._members = KeySet(self._client, self._keys.rdzv_participants(formed.number), lambda: None,
+                self._members = KeySet(self.client, self.keys.rdzv_participants(formed.number), lambda: None,
                                        after=formed.revision)
             members = self._members
             lost = self._lost_members(formed, members)
             if not self.someone_waits() or formed.size - lost >= self.limits.max_nodes:
                 return lost
-            following = self._keys.rdzv_participants(formed.number + 1)
-            count, _ = self._client.count_range(following, prefix_end(following))
+            following = self.keys.rdzv_participants(formed.number + 1)
+            count, _ = self.client.count_range(following, prefix_end(following))
             return lost + max(count, 1)
         except StoreError:
             # etcd out of reach is not a membership change: restarting every node for it
@@ -353,7 +353,7 @@ class Rounds:
     def someone_waits(self) -> bool:
         """A node waits in the round after mine (its marker is in my control watch)."""
         formed, control = self._current, self._control
-        return formed is not None and control is not None and self._keys.rdzv_waiting(formed.number + 1) in control
+        return formed is not None and control is not None and self.keys.rdzv_waiting(formed.number + 1) in control
 
     def control(self) -> dict[str, bytes]:
         return self._watch_control().snapshot()  # the control keys as my watch holds them
@@ -366,24 +366,24 @@ class Rounds:
         self._current = None
         stale = self._roles + ([self._joined[1]] if self._joined is not None else [])
         try:
-            self._client.put_and_delete(marker, why, self._ensure_lease(), stale)
+            self.client.put_and_delete(marker, why, self._ensure_lease(), stale)
             self._leftover.append(marker)
         except LeaseNotFound:  # my keys went with it: out of the round all the same, unmarked
             self._lease.lost.set()
         self._joined, self._roles = None, []
 
     def is_closed(self) -> bool:
-        return self._client.get(self._keys.rdzv_closed) is not None
+        return self.client.get(self.keys.rdzv_closed) is not None
 
     def set_closed(self) -> None:
-        self._client.put(self._keys.rdzv_closed, "1")
+        self.client.put(self.keys.rdzv_closed, "1")
 
     def _drop_keys(self) -> None:
         joined, self._joined = self._joined, None
         stale, self._roles = self._roles + ([joined[1]] if joined is not None else []), []
         for key in stale:
             try:
-                self._client.delete(key)
+                self.client.delete(key)
             except StoreError:
                 # etcd away: my lease lives on (etcd extends leases when it restarts), and a key
                 # of mine left in the round before would keep the next round from ever forming
