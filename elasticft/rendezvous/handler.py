@@ -11,7 +11,9 @@ As torch's handler does, it reports an unreachable store as ``RendezvousConnecti
 cannot close the rendezvous (torch's ``launch_agent`` calls it in a ``finally``).
 
 Unlike torch's handler it rebuilds the bootstrap store address at every round, so a
-survivor never sends its workers to the store of a rank 0 that was lost.
+survivor never sends its workers to the store of a rank 0 that was lost; and a node that
+reaches etcd but not its round's master stands aside from the round (``aside.py``, through
+``stand_aside_if_cut``, which eft's agent calls once the round's ranks are assigned).
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         return os.getenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1"
 
     def next_rendezvous(self) -> RendezvousInfo:
+        """The next round; a node that most of a round cannot reach waits outside first."""
         while True:
             try:
                 with store_errors_as_connection_errors():
