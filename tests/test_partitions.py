@@ -189,7 +189,9 @@ def node_ranks(node: Launched) -> list[int]:
     return [int(m.group(1)) for m in _ROUND.finditer(node.output())]
 
 
-@pytest.mark.parametrize("rank", [pytest.param(2, id="a-member"), pytest.param(0, id="the-master")])
+# A member cut from its master is the chaos table's peer partition row (2 nodes: node 1 stands
+# aside, tests/test_chaos.py); here the harder case, the master itself cut from both others.
+@pytest.mark.parametrize("rank", [pytest.param(0, id="the-master")])
 def test_two_nodes_of_three_train_on_while_the_third_is_cut_from_its_peers(tmp_path, rank):
     """The node of node rank ``rank`` reaches etcd but neither peer: it stands aside, the other two
     go on at world size 2, and all three train together again after the heal."""

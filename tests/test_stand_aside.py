@@ -36,7 +36,7 @@ def silent():
 
 
 def params(endpoint: str, run_id: str, min_nodes: int, max_nodes: int, **conf) -> RendezvousParameters:
-    conf = {"last_call_timeout": "1", "join_timeout": "60", "lease_ttl": "2", "peer_probe_timeout": "2", **conf}
+    conf = {"last_call_timeout": "1", "join_timeout": "60", "lease_ttl": "2", "peer_probe_timeout": "1", **conf}
     return RendezvousParameters(backend="etcd-v3", endpoint=endpoint, run_id=run_id, min_nodes=min_nodes,
                                 max_nodes=max_nodes, local_addr="127.0.0.1", **conf)
 
