@@ -123,8 +123,9 @@ class PeerCheck:
         master = self._master_node(formed)
         if master is None:
             return None  # the master is gone already: the restart for it is on its way
-        master_key = self._keys.rdzv_participant(formed.number, master)
-        if reachable(addr, port, self.probe_timeout, give_up=lambda: self._rounds.client.get(master_key) is None):
+        # a master that merely moved on to the next round (another node stood aside) is alive:
+        # probe on, so that this node's marker counts against it; a dead one's keys are all gone
+        if reachable(addr, port, self.probe_timeout, give_up=lambda: self._gone(master, formed.number)):
             return None
         return Aside(formed.number, master, addr, port)
 
@@ -159,9 +160,7 @@ class PeerCheck:
         log.warning("node %s joins again after standing aside for %.0f s", me, time.monotonic() - since)
 
     def _may_rejoin(self, aside: Aside, since: float) -> bool:
-        control = self._rounds.control()
-        decided = [int(k.rsplit("/", 1)[1]) for k in control if k.startswith(self._keys.rdzv_decisions)]
-        newest = max(decided, default=-1)
+        newest = self._newest(self._rounds.control())
         if newest > aside.number:
             address = self._master_of(newest)
             return address is not None and reachable(*address, self.probe_timeout)
@@ -172,11 +171,17 @@ class PeerCheck:
         def master_out() -> bool:  # it stands aside too (a marker in my watch: no request)
             return self._keys.rdzv_aside(aside.master) in self._rounds.control()
 
-        if master_out() or self._gone(aside.master, aside.number, newest + 1):
+        if master_out() or self._gone(aside.master, aside.number):
             return True  # my master stands aside, or is gone: no reason left to stay out
         return reachable(aside.addr, aside.port, self.probe_timeout, give_up=master_out)
 
-    def _gone(self, node: str, first: int, last: int) -> bool:
-        """``node`` holds no participant key in rounds ``first`` to ``last``: its lease is gone."""
-        client = self._rounds.client
+    def _newest(self, control: dict[str, bytes]) -> int:
+        """The newest round decided (-1: none)."""
+        prefix = self._keys.rdzv_decisions
+        return max((int(k[len(prefix):]) for k in control if k.startswith(prefix)), default=-1)
+
+    def _gone(self, node: str, first: int) -> bool:
+        """``node`` holds no participant key from round ``first`` to the one after the newest
+        decided: its lease is gone (a live node is in one of them, formed or forming)."""
+        client, last = self._rounds.client, self._newest(self._rounds.control()) + 1
         return all(client.get(self._keys.rdzv_participant(n, node)) is None for n in range(first, last + 1))
