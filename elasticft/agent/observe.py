@@ -42,7 +42,7 @@ class Observer:
                                rollback=self._numerics.take_rollback())
         if state in (WorkerState.UNHEALTHY, WorkerState.FAILED):
             lost, fenced = self._own_loss(self._explain_failure(worker_group))
-            return Observation(state, lost=lost, fenced=fenced or self._cut_off() or self._must_fence())
+            return Observation(state, lost=lost, fenced=fenced or self.fenced())
         membership = self._membership
         lost = tuple(membership.take_losses()) if membership is not None and membership.lost.is_set() else None
         lost, fenced = self._own_loss(lost)
