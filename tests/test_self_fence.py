@@ -2,9 +2,12 @@
 
 A node's silence is how long ago etcd last confirmed its lease. The rule under test: a
 node fences itself only when a peer heard from etcd more than a refresh period after it
-did, and its own lease is about to expire; an etcd down for everyone (every silence
-grows alike) or peers that do not answer never stop a worker. The whole path on real
-hosts (a node cut from etcd in a network namespace): tests/test_partitions.py.
+did, or when the peers that answered it before give no sign at all (it is cut from etcd
+and from them), and its own lease is about to expire; an etcd down for everyone (every
+silence grows alike), peers whose host refuses, or peers it never reached (a firewall)
+never stop a worker. A peer cut off = its port taken by a real listener that never
+accepts (SYNs dropped). The whole path on real hosts (a node cut from etcd, or from
+everything, in a network namespace): tests/test_partitions.py.
 """
 
 from __future__ import annotations
@@ -14,9 +17,32 @@ import socket
 import pytest
 
 from bench.launch import wait_for
-from elasticft.agent.fence import Beacon, FenceWatch, PeerView, ask
+from elasticft.agent.fence import Beacon, FenceWatch, NoAnswer, PeerView, ask
 
 TTL = 3.0
+
+
+def silent_at(port: int) -> list[socket.socket]:
+    """A listener on loopback ``port`` that never answers (listen(0), and its one slot taken)."""
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the port's old connections linger
+    server.bind(("127.0.0.1", port))
+    server.listen(0)
+    return [server, socket.create_connection(("127.0.0.1", port), 1)]
+
+
+@pytest.fixture
+def cut():
+    """Cuts a beacon off: it stops, and its port gives no sign any more."""
+    made = []
+
+    def make(beacon: Beacon) -> None:
+        beacon.close()
+        made.extend(silent_at(int(beacon.address.rpartition(":")[2])))
+
+    yield make
+    for sock in made:
+        sock.close()
 
 
 class Silence:
@@ -62,13 +88,13 @@ def watch():
         w.close()
 
 
-def test_a_beacon_answers_with_its_silence_and_a_silent_peer_is_none(peers):
-    beacon, = peers(Silence(1.25, resumed=0.5))
+def test_a_beacon_answers_with_its_silence_and_a_peer_without_one_says_why(peers, cut):
+    beacon, closed, gone = peers(Silence(1.25, resumed=0.5), Silence(0.1), Silence(0.1))
     assert ask(beacon.address, 1.0) == PeerView(1.25, 0.5)
-    with socket.socket() as unused:
-        unused.bind(("127.0.0.1", 0))
-        nobody = f"127.0.0.1:{unused.getsockname()[1]}"
-    assert ask(nobody, 1.0) is None
+    closed.close()
+    assert ask(closed.address, 1.0) is NoAnswer.CLOSED  # refused: its host is there
+    cut(gone)
+    assert ask(gone.address, 0.5) is NoAnswer.CUT  # no sign at all
 
 
 def test_a_node_cut_off_from_etcd_alone_fences_itself_before_its_lease_expires(peers, watch):
@@ -84,17 +110,19 @@ def test_a_node_cut_off_from_etcd_alone_fences_itself_before_its_lease_expires(p
     assert not fence.must_fence()
 
 
-@pytest.mark.parametrize("answers", [pytest.param(True, id="etcd-down-for-all"),
-                                     pytest.param(False, id="no-peer-answers")])
-def test_an_etcd_down_for_everyone_or_no_answer_fences_no_one(peers, watch, answers):
+@pytest.mark.parametrize("answers", [pytest.param("all", id="etcd-down-for-all"),
+                                     pytest.param("refused", id="peer-host-refuses"),
+                                     pytest.param("never", id="peer-never-reached")])
+def test_an_etcd_down_for_everyone_or_no_answer_fences_no_one(peers, watch, cut, answers):
     mine = Silence(TTL + 1)
-    if answers:
+    if answers == "all":
         # etcd went away for all at once: a peer's last refresh is at most one refresh period
         # (TTL/3) younger than this node's, so its silence is at least this node's less TTL/3
         beacons = peers(Silence(mine.seconds - TTL / 3 + 0.05), Silence(mine.seconds + 0.2))
     else:
         beacons = peers(Silence(0.1))
-        beacons[0].close()  # nobody listens there any more
+        # nobody listens there any more, or (a firewall) it never gave a sign to this node
+        beacons[0].close() if answers == "refused" else cut(beacons[0])
     fence = watch(mine, beacons)
     wait_for(lambda: fence.asked >= 2, 10, "two rounds of asking")
     assert not fence.must_fence()
@@ -110,4 +138,18 @@ def test_etcd_back_for_a_peer_first_gives_this_node_time_to_reconnect(peers, wat
     wait_for(lambda: fence.asked >= 1, 10, "the peer to be asked")
     assert not fence.must_fence()
     peer.resumed = None  # the peer's gap was long ago (or never): etcd is up, this node is cut off
+    wait_for(fence.must_fence, 10, "the fence")
+
+
+def test_a_node_cut_from_etcd_and_from_the_peers_it_reached_fences_itself(peers, watch, cut):
+    beacons = peers(Silence(0.3), Silence(0.5))
+    mine = Silence(0.2)  # all is well: it meets its peers
+    fence = watch(mine, beacons)
+    wait_for(lambda: fence.reached == {b.address for b in beacons}, 10, "both peers to be reached")
+    for beacon in beacons:
+        cut(beacon)
+    mine.seconds = TTL / 2 + 0.1  # etcd is silent too now
+    wait_for(lambda: fence.asked >= 2, 10, "two rounds of asking")
+    assert not fence.must_fence()  # cut off, but the lease may still be refreshed
+    mine.seconds = fence.deadline
     wait_for(fence.must_fence, 10, "the fence")

@@ -1,4 +1,4 @@
-"""Self-fencing: a node cut off from etcd, not from its peers, stops its workers before the others go on.
+"""Self-fencing: a node cut off from etcd stops its workers before the others go on without it.
 
 etcd lets a node's lease expire a TTL after the last refresh that reached it, and the
 others then restart without the node. Its workers must be stopped by then: they hold
@@ -13,8 +13,14 @@ once its lease is about to expire (its TTL less a margin), it fences itself
 (``Observer.look``; ``decide`` stops the workers with SIGKILL, uncharged) and joins again
 through a new rendezvous when it reaches etcd. A peer that had a gap too means etcd was
 down for all: etcd renews every lease when it comes back (a new leader does), so the
-lease's clock restarts then, and the node is given the time to reconnect. No peer
-answers, or none heard from etcd since: an outage of etcd itself; the workers train on.
+lease's clock restarts then, and the node is given the time to reconnect. Peers that
+answer but heard from etcd no later: an outage of etcd itself; the workers train on.
+
+A node cut from etcd *and* from its peers hears nobody. It fences itself too when the
+peers it reached before (it asks a few while all is well) now give no sign at all, twice
+in a row: no answer, no refusal, no connection (a refusal or a connection that opens
+means the network is there). Peers it never reached (a firewall in the way of the
+beacons) prove nothing, so they never fence a node.
 """
 
 from __future__ import annotations
@@ -28,11 +34,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from enum import Enum
 
 log = logging.getLogger(__name__)
 
 PEERS_ASKED = 3  # a few peers are enough: one that hears etcd settles it
 SLACK = 0.2  # seconds of keep-alive latency allowed for when comparing silences
+SILENT_ROUNDS = 2  # rounds of asking in which no peer gives a sign before a node takes itself for cut off
 NEVER = 1e9  # the silence of a node etcd never confirmed
 
 
@@ -78,17 +86,30 @@ class PeerView:
     resumed: float | None = None
 
 
-def ask(address: str, timeout: float) -> PeerView | None:
-    """A peer's answer, or None when it does not answer in time."""
+class NoAnswer(Enum):
+    """Why a peer's beacon gave no report."""
+
+    CUT = "cut"  # no sign at all: no connection, no refusal (the path to it is cut, or its host is gone)
+    CLOSED = "closed"  # its host is there (refused, or connected and said nothing useful)
+
+
+def ask(address: str, timeout: float) -> PeerView | NoAnswer:
+    """A peer's answer, or why there is none within ``timeout``."""
     host, _, port = address.rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout) as conn:
+        conn = socket.create_connection((host, int(port)), timeout)
+    except ConnectionRefusedError:
+        return NoAnswer.CLOSED
+    except (OSError, ValueError):  # timed out, or unreachable (no route, link down)
+        return NoAnswer.CUT
+    with conn:
+        try:
             conn.settimeout(timeout)
             raw = json.loads(conn.makefile("rb").readline())
-        resumed = raw.get("resumed")
-        return PeerView(float(raw["silence"]), float(resumed) if resumed is not None else None)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+            resumed = raw.get("resumed")
+            return PeerView(float(raw["silence"]), float(resumed) if resumed is not None else None)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return NoAnswer.CLOSED
 
 
 class FenceWatch:
@@ -99,10 +120,12 @@ class FenceWatch:
         self._ttl = ttl
         self._peers = peers  # the beacons of the other nodes (the last membership etcd showed)
         self.deadline = ttl - min(0.5, ttl / 6)  # fence this long after the lease's clock last restarted
-        self._cut_off_at: float | None = None  # when a peer last showed etcd answers it, not this node
+        self._cut_off_at: float | None = None  # when the peers last showed etcd answers them, not this node
         self._clock_from = 0.0  # when etcd came back after a gap for a peer (all leases renewed then)
         self._resumed_at: float | None = None  # when etcd came back to this node after a gap
-        self.asked = 0  # rounds of asking the peers so far
+        self.reached: set[str] = set()  # beacons that answered this node at some time
+        self._silent_rounds = 0  # rounds of asking in a row in which no peer gave a sign
+        self.asked = 0  # rounds of asking the peers while etcd was silent, so far
         self._stopped = threading.Event()
         self._pool = ThreadPoolExecutor(PEERS_ASKED, thread_name_prefix="eft-fence-ask")
         self._thread = threading.Thread(target=self._watch, name="eft-fence", daemon=True)
@@ -115,7 +138,7 @@ class FenceWatch:
                 "resumed": round(time.monotonic() - resumed, 3) if resumed is not None else None}
 
     def must_fence(self) -> bool:
-        """etcd answers a peer but not this node, and this node's lease is about to expire."""
+        """etcd answers a peer but not this node, or no one answers it, and its lease is about to expire."""
         cut_off_at, now = self._cut_off_at, time.monotonic()
         last_heard = now - self._silence()
         return (cut_off_at is not None and now - cut_off_at < self._ttl
@@ -129,7 +152,10 @@ class FenceWatch:
                 self._resumed_at = time.monotonic() - silent  # a gap ended: etcd answers me again
             before = silent
             if silent < self._ttl / 2:
-                self._cut_off_at = None
+                self._cut_off_at, self._silent_rounds = None, 0
+                if time.monotonic() - asked_at >= self._ttl:  # all is well: learn which peers answer
+                    asked_at = time.monotonic()
+                    self._meet_a_peer()
                 continue
             # every TTL/6 while the lease may still expire, then every 2 s (an outage of etcd for
             # everyone has every node ask; a few connections each, no more)
@@ -139,21 +165,43 @@ class FenceWatch:
             self._ask_peers(silent)
             self.asked += 1
 
+    def _meet_a_peer(self) -> None:
+        """Ask one peer not reached yet, while fewer than a few are known to answer."""
+        peers = self._peers()
+        unknown = [address for address in peers if address not in self.reached]
+        if unknown and len(self.reached.intersection(peers)) < PEERS_ASKED:
+            address = random.choice(unknown)
+            if isinstance(ask(address, self._ttl / 6), PeerView):
+                self.reached.add(address)
+
     def _ask_peers(self, silent: float) -> None:
         """Did a peer hear from etcd a refresh period after this node last did (had etcd been up
         for this node, one of its own refreshes would have reached it), and did etcd come back
-        to a peer after a gap of its own (then every lease was renewed when it did)?"""
+        to a peer after a gap of its own (then every lease was renewed when it did)? Or did the
+        peers that answered before give no sign at all?"""
         peers = self._peers()
-        asked = random.sample(peers, min(PEERS_ASKED, len(peers)))
+        known = [address for address in peers if address in self.reached]
+        asked = random.sample(known, min(PEERS_ASKED, len(known)))
+        others = [address for address in peers if address not in self.reached]
+        asked += random.sample(others, min(PEERS_ASKED - len(asked), len(others)))
         now = time.monotonic()
-        views = [v for v in self._pool.map(lambda address: ask(address, self._ttl / 6), asked) if v is not None]
+        answers = dict(zip(asked, self._pool.map(lambda address: ask(address, self._ttl / 6), asked)))
+        views = [answer for answer in answers.values() if isinstance(answer, PeerView)]
+        self.reached.update(address for address, answer in answers.items() if isinstance(answer, PeerView))
         for view in views:
             if view.resumed is not None and view.resumed < silent:
                 self._clock_from = max(self._clock_from, now - view.resumed)
+        no_sign = bool(known) and all(answer is NoAnswer.CUT for answer in answers.values())
+        self._silent_rounds = self._silent_rounds + 1 if no_sign else 0
         if any(view.silence < silent - self._ttl / 3 - SLACK for view in views):
             if self._cut_off_at is None:
                 log.warning("etcd has not confirmed this node's lease for %.1f s but answers its peers: "
                             "this node is cut off from etcd", silent)
+            self._cut_off_at = now
+        elif self._silent_rounds >= SILENT_ROUNDS:
+            if self._cut_off_at is None:
+                log.warning("etcd has not confirmed this node's lease for %.1f s and no peer gives a sign: "
+                            "this node is cut off from etcd and its peers", silent)
             self._cut_off_at = now
 
     def close(self) -> None:
