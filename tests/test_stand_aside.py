@@ -212,7 +212,9 @@ def test_peer_probe_timeout_is_checked_and_zero_turns_it_off(etcd_server):
     def options(value):
         return EtcdRendezvousOptions.from_params(params(etcd_server.endpoint, "x", 1, 1, peer_probe_timeout=value))
 
-    assert options("0").peer_probe_timeout == 0.0
+    assert options("0").peer_probe_timeout == options("0.0").peer_probe_timeout == 0.0
     assert options("2.5").peer_probe_timeout == 2.5
-    with pytest.raises(RendezvousConfigError, match="peer_probe_timeout"):
+    with pytest.raises(RendezvousConfigError, match="peer_probe_timeout expects seconds"):
         options("soon")
+    with pytest.raises(RendezvousConfigError, match=r"peer_probe_timeout must be > 0 \(or 0: off\)"):
+        options("-1")

@@ -89,7 +89,7 @@ class EtcdRendezvousOptions:
         except ValueError as exc:
             raise RendezvousConfigError(f"--rdzv-endpoint: {exc}") from None
 
-        def number(name: str, default: float | None, minimum: float = 0.0) -> float | None:
+        def number(name: str, default: float | None, minimum: float = 0.0, zero_is_off: bool = False) -> float | None:
             raw = config.get(name)
             if raw is None:
                 return default
@@ -97,8 +97,10 @@ class EtcdRendezvousOptions:
                 value = float(raw)
             except (TypeError, ValueError):
                 raise RendezvousConfigError(f"--rdzv-conf: {name} expects seconds, got {raw!r}") from None
+            if zero_is_off and value == 0:
+                return 0.0
             if not value > 0 or value < minimum:
-                limit = f">= {minimum:g}" if minimum else "> 0"
+                limit = f">= {minimum:g}" if minimum else "> 0" + (" (or 0: off)" if zero_is_off else "")
                 raise RendezvousConfigError(f"--rdzv-conf: {name} must be {limit}, got {raw!r}")
             return value
 
@@ -128,7 +130,7 @@ class EtcdRendezvousOptions:
             join_timeout=number("join_timeout", 600.0),
             store_timeout=number("timeout", 900.0),
             etcd_outage_limit=number("etcd_outage_limit", 600.0),
-            peer_probe_timeout=0.0 if config.get("peer_probe_timeout") in ("0", 0) else number("peer_probe_timeout", 10.0),
+            peer_probe_timeout=number("peer_probe_timeout", 10.0, zero_is_off=True),
         )
 
 
