@@ -102,9 +102,8 @@ def ask(address: str, timeout: float) -> PeerView | NoAnswer:
         return NoAnswer.CLOSED
     except (OSError, ValueError):  # timed out, or unreachable (no route, link down)
         return NoAnswer.CUT
-    with conn:
+    with conn:  # create_connection left ``timeout`` on the socket for the read too
         try:
-            conn.settimeout(timeout)
             raw = json.loads(conn.makefile("rb").readline())
             resumed = raw.get("resumed")
             return PeerView(float(raw["silence"]), float(resumed) if resumed is not None else None)
@@ -185,24 +184,23 @@ class FenceWatch:
         others = [address for address in peers if address not in self.reached]
         asked += random.sample(others, min(PEERS_ASKED - len(asked), len(others)))
         now = time.monotonic()
-        answers = dict(zip(asked, self._pool.map(lambda address: ask(address, self._ttl / 6), asked)))
-        views = [answer for answer in answers.values() if isinstance(answer, PeerView)]
-        self.reached.update(address for address, answer in answers.items() if isinstance(answer, PeerView))
-        for view in views:
+        answers = list(self._pool.map(lambda address: ask(address, self._ttl / 6), asked))
+        views = {address: answer for address, answer in zip(asked, answers) if isinstance(answer, PeerView)}
+        self.reached.update(views)
+        for view in views.values():
             if view.resumed is not None and view.resumed < silent:
                 self._clock_from = max(self._clock_from, now - view.resumed)
-        no_sign = bool(known) and all(answer is NoAnswer.CUT for answer in answers.values())
+        no_sign = bool(known) and all(answer is NoAnswer.CUT for answer in answers)
         self._silent_rounds = self._silent_rounds + 1 if no_sign else 0
-        if any(view.silence < silent - self._ttl / 3 - SLACK for view in views):
-            if self._cut_off_at is None:
-                log.warning("etcd has not confirmed this node's lease for %.1f s but answers its peers: "
-                            "this node is cut off from etcd", silent)
-            self._cut_off_at = now
+        if any(view.silence < silent - self._ttl / 3 - SLACK for view in views.values()):
+            why = "but answers its peers: this node is cut off from etcd"
         elif self._silent_rounds >= SILENT_ROUNDS:
-            if self._cut_off_at is None:
-                log.warning("etcd has not confirmed this node's lease for %.1f s and no peer gives a sign: "
-                            "this node is cut off from etcd and its peers", silent)
-            self._cut_off_at = now
+            why = "and no peer gives a sign: this node is cut off from etcd and its peers"
+        else:
+            return
+        if self._cut_off_at is None:
+            log.warning("etcd has not confirmed this node's lease for %.1f s %s", silent, why)
+        self._cut_off_at = now
 
     def close(self) -> None:
         self._stopped.set()
