@@ -379,3 +379,15 @@ class MemoryConfig:
         if self.mem_ckpt_budget_gb > 0:
             return int(self.mem_ckpt_budget_gb * 1e9)
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+
+
+@dataclass
+class MegatronLMConfig:
+    """eft inside an unmodified Megatron-LM script's own loop (docs/megatron-lm.md)."""
+
+    megatron_lm: str = knob(
+        "auto", "attach eft to megatron.training's loop: auto (when the script imports megatron.training), on, off")
+
+    def __post_init__(self) -> None:
+        if self.megatron_lm not in ("auto", "on", "off"):
+            raise ConfigError(f"{flag_name('megatron_lm')}: expected auto, on or off, got {self.megatron_lm!r}")

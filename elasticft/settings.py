@@ -16,6 +16,7 @@ from elasticft.config import (
     HangConfig,
     HealthConfig,
     HousekeepingConfig,
+    MegatronLMConfig,
     MemoryConfig,
     NotifyConfig,
     NumericsConfig,
@@ -50,6 +51,7 @@ class Settings:
     memory: MemoryConfig = _concern(MemoryConfig, "eft memory checkpoints (host memory, replicated to peers)")
     numerics: NumericsConfig = _concern(NumericsConfig, "eft numbers check (NaN and loss spikes roll back)")
     restarts: RestartConfig = _concern(RestartConfig, "eft job-wide restart limits (counted in etcd)")
+    megatron_lm: MegatronLMConfig = _concern(MegatronLMConfig, "eft inside Megatron-LM's training loop")
     housekeeping: HousekeepingConfig = _concern(
         HousekeepingConfig, "eft etcd housekeeping (history compaction, the events bound)")
 

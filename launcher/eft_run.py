@@ -42,6 +42,7 @@ from elasticft.config import ConfigError
 from elasticft.contract.exit_codes import ExitCode
 from elasticft.contract.faults import parse_faults
 from elasticft.contract.keys import RunKeys
+from elasticft.megatron_lm.mode import worker_environment as megatron_lm_environment
 from elasticft.planner.layout import NoLegalLayout
 from elasticft.rendezvous import plugin as torchrun_plugin
 from elasticft.rendezvous.backend import (
@@ -147,6 +148,9 @@ def run(args, settings: Settings) -> ExitCode:
     apply_slurm(args, settings)
     rdzv_conf = _check_torchrun_args(args)
     _check_memory_tier(args, settings)
+    # Workers inherit the launcher's environment: eft's boot directory for a Megatron-LM script.
+    os.environ.update(megatron_lm_environment(settings.megatron_lm.megatron_lm, args.training_script,
+                                              args.training_script_args, args.module, args.no_python))
     torchrun_plugin.register()
     embedded = None
     try:

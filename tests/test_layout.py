@@ -28,6 +28,10 @@ FORBIDDEN = {
     "elasticft.rendezvous": ("elasticft.agent", "elasticft.tui", "launcher"),
     "elasticft.tui": ("elasticft.agent", "launcher"),
     "elasticft.torch_seam": ("elasticft.", "launcher"),
+    "elasticft.megatron_seam": ("elasticft.", "launcher"),
+    # inside a Megatron-LM worker: the worker's side of eft, Megatron's seam, the contract
+    "elasticft.megatron_lm": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
+                              "elasticft.health", "elasticft.store", "elasticft.memckpt", "launcher"),
     "elasticft.knobs": ("elasticft.", "launcher"),
     "elasticft.periodic": ("elasticft.", "launcher"),
     "elasticft.goodput": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",

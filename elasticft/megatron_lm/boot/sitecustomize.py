@@ -1,0 +1,36 @@
+"""Run by Python's ``site`` at the start of every worker of a Megatron-LM job under eft-run.
+
+eft-run puts this directory first on the workers' ``PYTHONPATH`` (``mode.py``), which is
+how eft reaches an unmodified script: no change to its command line, its ``sys.argv`` or
+its ``__main__``. It does two things and imports nothing heavy:
+
+1. runs the ``sitecustomize`` this file shadows, if the environment has one (a site's own
+   setup must not be lost to eft's);
+2. under eft-run (``EFT_RUN_DIR`` set), installs the finder that attaches eft to
+   Megatron's loop when the script imports ``megatron.training``.
+"""
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+
+def _run_shadowed() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+_run_shadowed()
+if os.environ.get("EFT_RUN_DIR"):
+    try:
+        from elasticft.megatron_lm.attach import install
+    except ImportError as exc:  # eft not importable by this interpreter: the script runs without it
+        print(f"eft: not attaching to Megatron-LM's loop: {exc}", file=sys.stderr, flush=True)
+    else:
+        install()

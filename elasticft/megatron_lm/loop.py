@@ -1,0 +1,185 @@
+"""eft inside Megatron-LM's own training loop, through the loop's call sites.
+
+``MegatronLoop.attach()`` replaces four functions of ``megatron.training.training``
+(through ``elasticft.megatron_seam``, the one place that knows their names) with
+wrappers that call the originals:
+
+* ``train``: the loop's start and end. All ranks make eft's ``Hook`` here (a
+  collective, after Megatron's process groups, model, checkpoint and data are ready),
+  and close it when the loop returns or exits;
+* ``train_step``: keeps the step's reported loss (``lm loss`` on the last pipeline stage)
+  and gradient norm for the numbers check;
+* ``checkpoint_and_decide_exit``: the loop's per-iteration decision point. eft's vote
+  (``hook.step``) runs first; a save it asks for is Megatron's own save, at the same
+  iteration on every rank; a save-and-exit or a rollback returns True, so the loop
+  leaves the way it does for ``--exit-interval`` and the process exits 0 (the agent
+  reads why from the heartbeat: eft-run's exit codes). Then Megatron's own decision runs
+  (periodic saves, its signal handler, its exit conditions);
+* ``save_checkpoint_and_time``: every save of the loop is timed as the ``checkpointing``
+  section, marked complete as ``CheckpointDir`` marks it (``.complete`` in the iteration's
+  directory, once every rank has written), and acknowledged to the agent.
+
+Under plain torchrun nothing here runs: the agent arranges it (``attach.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from pathlib import Path
+
+from elasticft import megatron_seam as seam
+from elasticft.contract.checkpoints import COMPLETE_MARKER
+from elasticft.contract.run_dir import write_atomically
+
+log = logging.getLogger(__name__)
+
+
+class MegatronLoop:
+    """eft's per-iteration duties, fed by Megatron's loop (one per worker process)."""
+
+    def __init__(self):
+        self.hook = None  # made at train()'s start, by every rank
+        self.injector = None  # --eft-inject faults that act between iterations
+        self._loss: float | None = None  # the last train_step's, until the vote takes it
+        self._grad_norm: float | None = None
+        self._saved: int | None = None  # the iteration eft's vote just saved (no second save of it)
+        self._saving = False  # inside a save the vote asked for (the hook timed it already)
+
+    def attach(self) -> "MegatronLoop":
+        seam.replace("train", self._train)
+        seam.replace("train_step", self._train_step)
+        seam.replace("checkpoint_and_decide_exit", self._decide)
+        seam.replace("save_checkpoint_and_time", self._save)
+        return self
+
+    # -- wrappers ----------------------------------------------------------------------
+
+    def _train(self, original):
+        def train(*args, **kwargs):
+            self._start()
+            try:
+                return original(*args, **kwargs)
+            finally:  # also through the loop's sys.exit
+                self.hook.close()
+        return train
+
+    def _train_step(self, original):
+        def train_step(*args, **kwargs):
+            result = original(*args, **kwargs)
+            loss_dict, grad_norm = result[0], result[5]
+            self._loss = _scalar(loss_dict.get("lm loss")) if loss_dict else None
+            self._grad_norm = _scalar(grad_norm)
+            return result
+        return train_step
+
+    def _decide(self, original):
+        def checkpoint_and_decide_exit(*args, **kwargs):
+            call = seam.bound("checkpoint_and_decide_exit", args, kwargs)
+            iteration = call["iteration"]
+            action = self.hook.step(iteration, loss=self._loss, grad_norm=self._grad_norm)
+            self._loss = self._grad_norm = None
+            if action.rollback:  # bad numbers: no save of this state; the agent restarts from the last good one
+                log.warning("iteration %d: bad numbers; stopping to re-run it from the last good state", iteration)
+                return True
+            if action.save:
+                self._save_now(call)
+            if action.exit:
+                return True
+            should_exit = original(*args, **kwargs)
+            if not should_exit:
+                self.injector.after_iteration(iteration)
+            return should_exit
+        return checkpoint_and_decide_exit
+
+    def _save(self, original):
+        def save_checkpoint_and_time(*args, **kwargs):
+            call = seam.bound("save_checkpoint_and_time", args, kwargs)
+            iteration = call["iteration"]
+            if iteration == self._saved:
+                return None  # eft's vote saved this iteration a moment ago (Megatron's interval hit it too)
+            margs = seam.function(seam.GET_ARGS)()
+            started = time.time()
+            timed = contextlib.nullcontext() if self._saving or self.hook is None else self.hook.section("checkpointing")
+            with timed:
+                result = original(*args, **kwargs)
+            if self.hook is not None and _acknowledged(call, margs):
+                path = Path(seam.function(seam.CHECKPOINT_NAME)(margs.save, iteration, return_base_dir=True))
+                self._mark_complete(path, iteration)
+                self.hook.saved(iteration, path, time.time() - started)
+            return result
+        return save_checkpoint_and_time
+
+    # -- the parts -----------------------------------------------------------------------
+
+    def _start(self) -> None:
+        """Every rank, once the loop is about to begin: the hook and the fault injector."""
+        import torch
+        import torch.distributed as dist
+
+        from elasticft.worker.hook import Hook
+        from elasticft.worker.inject import FaultInjector
+
+        margs = seam.function(seam.GET_ARGS)()
+        # On a GPU the vote goes over gloo, so it does not synchronise the device every iteration.
+        group = dist.new_group(backend="gloo") if torch.cuda.is_available() else None
+        loaded = getattr(margs, "iteration", 0) or None
+        self.hook = Hook(save_interval=margs.save_interval, last_saved_iteration=loaded, group=group)
+        self.injector = FaultInjector.from_env()
+        skipped = sorted(i for i in self.hook.numerics.state.skipped) if self.hook.numerics is not None else []
+        if skipped:  # batches the numbers check found bad twice: Megatron's own skip list drops them
+            margs.iterations_to_skip = sorted(set(margs.iterations_to_skip or []) | set(skipped))
+        if dist.get_rank() == 0:
+            log.warning("eft is in Megatron-LM's training loop (resuming after iteration %s)", loaded or 0)
+
+    def _save_now(self, call: dict) -> None:
+        """The save eft's vote asked for: Megatron's own, through the loop's save function."""
+        margs = seam.function(seam.GET_ARGS)()
+        iteration = call["iteration"]
+        if not margs.save:
+            log.warning("iteration %d: asked to save but there is no --save", iteration)
+            return
+        save = seam.function(seam.SITES["save_checkpoint_and_time"])
+        self._saving = True
+        try:
+            save(iteration, call["model"], call["optimizer"], call["opt_param_scheduler"],
+                 call["num_floating_point_operations_so_far"], call["checkpointing_context"],
+                 train_data_iterator=call.get("train_data_iterator"))
+        finally:
+            self._saving = False
+        self._saved = iteration
+
+    @staticmethod
+    def _mark_complete(path: Path, iteration: int) -> None:
+        """Rank 0, after Megatron's save returned (it ends with a barrier of all ranks)."""
+        import torch.distributed as dist
+
+        if dist.get_rank() == 0 and path.is_dir():
+            write_atomically(path / COMPLETE_MARKER, json.dumps({"iteration": iteration, "time": time.time()}),
+                             durable=True)
+
+
+def _acknowledged(call: dict, margs) -> bool:
+    """A save eft can call complete when the function returns: persistent and synchronous
+    (an async save completes later, a non-persistent one lives outside --save)."""
+    return bool(margs.save) and not call.get("non_persistent_ckpt") and not getattr(margs, "async_save", False)
+
+
+def _scalar(value) -> float | None:
+    """A float from Megatron's reported value (a tensor, a (sum, count) pair, a number)."""
+    if value is None:
+        return None
+    try:
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            value = value.detach().float().cpu()
+            if value.numel() == 2:  # (sum, token count): Megatron reports its average
+                return float(value[0] / value[1]) if float(value[1]) else None
+            return float(value.reshape(-1)[0])
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+

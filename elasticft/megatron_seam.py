@@ -1,0 +1,152 @@
+"""The one module that touches megatron-core's and ``megatron.training``'s internals.
+
+eft enters an unmodified Megatron-LM script through the call sites of Megatron's own
+training loop (``elasticft.megatron_lm``): it replaces a few module-level functions of
+``megatron.training`` with wrappers that call the original. Those functions are
+Megatron's internals, not an API it promises to keep, so every one of them is listed
+here, with the parameters eft's wrappers read, and nowhere else:
+
+* ``SITES``: each call site (module, function, the parameters eft passes on or reads);
+* ``problems()``: what the installed Megatron lacks of them, in words;
+* ``replace(site, make)``: the one place a Megatron function is swapped for a wrapper.
+
+``tests/megatron_lm/test_megatron_seam.py`` checks every site against the installed
+megatron-core, so an upgrade that renames or reshapes one fails there, and
+``TESTED_MINORS`` is what the launcher refuses to run outside of (one line, exit 2).
+
+Importing this module imports nothing of Megatron's: the launcher reads the version from
+the package metadata (or the source tree's ``package_info.py``) without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+# megatron-core minor releases whose megatron.training eft's Megatron-LM mode was tested with.
+TESTED_MINORS = ((0, 19),)
+
+TRAINING = "megatron.training.training"
+DATASET_UTILS = "megatron.core.datasets.utils"
+
+
+@dataclass(frozen=True)
+class Site:
+    """A module-level function of Megatron's that eft wraps or calls."""
+
+    module: str
+    name: str
+    params: tuple[str, ...] = ()  # parameters eft's wrapper reads by name
+
+    def __str__(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+SITES = {
+    # pretrain() calls it once, after the model, optimizer, checkpoint and data are ready.
+    "train": Site(TRAINING, "train", ("forward_step_func", "model", "optimizer", "opt_param_scheduler")),
+    # One iteration; returns (loss_dict, skipped, should_checkpoint, should_exit, exit_code, grad_norm, ...).
+    "train_step": Site(TRAINING, "train_step", ("forward_step_func", "data_iterator", "model", "optimizer")),
+    # The loop's per-iteration decision point: save (periodic, signal) and whether to exit.
+    "checkpoint_and_decide_exit": Site(TRAINING, "checkpoint_and_decide_exit", (
+        "model", "optimizer", "opt_param_scheduler", "iteration", "num_floating_point_operations_so_far",
+        "checkpointing_context", "train_data_iterator")),
+    # Every save of the loop goes through it (periodic, signal, exit, end of training).
+    "save_checkpoint_and_time": Site(TRAINING, "save_checkpoint_and_time", (
+        "iteration", "model", "optimizer", "opt_param_scheduler", "num_floating_point_operations_so_far",
+        "checkpointing_context")),
+    # Rank 0 runs `make` for the dataset helper even when the wheel ships it compiled.
+    "compile_helpers": Site(DATASET_UTILS, "compile_helpers"),
+}
+
+# Where Megatron keeps the checkpoint name and its arguments (called, not wrapped).
+CHECKPOINT_NAME = Site("megatron.training.checkpointing", "get_checkpoint_name", ("checkpoints_path", "iteration"))
+GET_ARGS = Site("megatron.training.global_vars", "get_args")
+
+
+class MegatronSeamError(RuntimeError):
+    """The installed Megatron no longer has a name or parameter eft relies on."""
+
+
+def installed_version() -> str | None:
+    """megatron-core's version without importing it: the distribution's metadata, else the
+    source tree's ``megatron/core/package_info.py`` (a Megatron-LM checkout on PYTHONPATH)."""
+    try:
+        return importlib.metadata.version("megatron-core")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    spec = importlib.util.find_spec("megatron")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        info = Path(root, "core", "package_info.py")
+        if info.is_file():
+            text = info.read_text()
+            parts = [re.search(rf"^{n}\s*=\s*(\d+)", text, re.M) for n in ("MAJOR", "MINOR", "PATCH")]
+            if all(parts):
+                return ".".join(p.group(1) for p in parts)
+    return None
+
+
+def version_problem(version: str | None) -> str | None:
+    """Why eft cannot enter this megatron-core's training loop, or None when it can."""
+    tested = ", ".join(f"{a}.{b}.x" for a, b in TESTED_MINORS)
+    if version is None:
+        return f"megatron-core is not installed (eft's Megatron-LM mode was tested with {tested})"
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None or (int(match.group(1)), int(match.group(2))) not in TESTED_MINORS:
+        return f"megatron-core {version} is outside the range eft's Megatron-LM mode was tested with ({tested})"
+    return None
+
+
+def function(site: Site) -> Callable:
+    """The function at ``site`` now (the wrapper, once replaced)."""
+    return getattr(importlib.import_module(site.module), site.name)
+
+
+def problems() -> list[str]:
+    """What the installed Megatron lacks of the sites eft uses (empty: all there)."""
+    found = []
+    for site in (*SITES.values(), CHECKPOINT_NAME, GET_ARGS):
+        try:
+            target = function(site)
+        except (ImportError, AttributeError) as exc:
+            found.append(f"{site}: {exc}")
+            continue
+        params = inspect.signature(inspect.unwrap(target)).parameters
+        missing = [p for p in site.params if p not in params]
+        if missing:
+            found.append(f"{site}: no parameter {', '.join(missing)}")
+    return found
+
+
+def replace(name: str, make: Callable[[Callable], Callable]) -> Callable:
+    """Swap the function of ``SITES[name]`` for ``make(original)``; the original.
+
+    Megatron's loop calls these functions through their module's globals (and
+    ``ft_integration.X`` through the module), so replacing the module attribute reaches
+    every call site. Wrappers keep ``__wrapped__``: a second replace wraps the first.
+    """
+    site = SITES[name]
+    module = importlib.import_module(site.module)
+    original = getattr(module, site.name, None)
+    if original is None:
+        raise MegatronSeamError(f"{site} is gone; eft's Megatron seam (elasticft/megatron_seam.py) needs updating")
+    _signatures[name] = inspect.signature(original)
+    wrapper = make(original)
+    wrapper.__wrapped__ = original
+    setattr(module, site.name, wrapper)
+    return original
+
+
+def bound(name: str, args: tuple, kwargs: dict) -> dict:
+    """A call of ``SITES[name]``'s original, its arguments by parameter name (Megatron
+    passes some by position, some by keyword)."""
+    return dict(_signatures[name].bind_partial(*args, **kwargs).arguments)
+
+
+_signatures: dict[str, inspect.Signature] = {}  # the originals' signatures, by site name

@@ -1,0 +1,50 @@
+"""What eft relies on in megatron.training (elasticft/megatron_seam.py), against the installed one.
+
+An upgrade of megatron-core that renames a function eft wraps, drops a parameter eft
+reads, or stops calling a wrapped function through its module's globals (so that the
+wrapper would silently never run) fails here.
+"""
+
+import importlib
+
+import pytest
+
+from elasticft import megatron_seam as seam
+
+
+def test_the_installed_megatron_core_is_in_the_tested_range():
+    assert seam.version_problem(seam.installed_version()) is None
+
+
+def test_every_site_eft_uses_is_there_with_the_parameters_eft_reads():
+    assert seam.problems() == []
+
+
+@pytest.mark.parametrize("caller, callee", [
+    ("pretrain", "train"),
+    ("train", "train_step"),
+    ("train", "checkpoint_and_decide_exit"),
+    ("checkpoint_and_decide_exit", "save_checkpoint_and_time"),
+])
+def test_the_loop_calls_each_wrapped_function_through_its_module(caller, callee):
+    """A replaced module attribute reaches the loop only if the caller looks the name up
+    in its module's globals at call time (not a local alias bound at import)."""
+    module = importlib.import_module(seam.TRAINING)
+    code = getattr(module, caller).__code__
+    assert callee in code.co_names, f"{caller} no longer calls {callee} by its global name"
+
+
+def test_the_dataset_helper_compile_is_imported_at_call_time():
+    """initialize's compile step imports compile_helpers when it runs, so the module's
+    attribute (the wrapper) is what it gets."""
+    initialize = importlib.import_module("megatron.training.initialize")
+    source = importlib.util.find_spec("megatron.training.initialize").loader.get_source("megatron.training.initialize")
+    assert "from megatron.core.datasets.utils import compile_helpers" in source
+    assert hasattr(importlib.import_module(seam.DATASET_UTILS), "compile_helpers")
+    assert initialize is not None
+
+
+def test_a_version_outside_the_range_is_named_with_the_range():
+    problem = seam.version_problem("0.15.3")
+    assert "0.15.3" in problem and "0.19.x" in problem
+    assert "not installed" in seam.version_problem(None)
