@@ -1,0 +1,139 @@
+"""An unmodified Megatron-LM script (pretrain_gpt.py's shape, megatron.training's own loop) under
+eft-run: eft's saves are Megatron's saves, its exits eft's exit codes, its hangs eft's restarts;
+under plain torchrun the same script trains as if eft did not exist.
+
+Real parts: Megatron-LM's loop, torch_dist checkpoints, gloo ranks, an embedded etcd; the
+CPU emulation (cpu_emulation.py) stands in for the GPU alone.
+"""
+
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from bench.launch import Launched, wait_for
+from elasticft.contract.checkpoints import COMPLETE_MARKER, TRACKER, iteration_of
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).with_name("pretrain_gpt.py")
+# A tiny GPT; a constant learning rate, so a run's numbers do not depend on its --train-iters.
+MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+         "--max-position-embeddings", "32", "--micro-batch-size", "1", "--global-batch-size", "4", "--lr", "1e-3",
+         "--lr-decay-style", "constant", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
+         "--eval-interval", "1000", "--eval-iters", "0", "--log-interval", "1", "--distributed-backend", "gloo",
+         "--transformer-impl", "local", "--no-persist-layer-norm", "--no-gradient-accumulation-fusion",
+         "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "1234", "--ckpt-format", "torch_dist"]
+# TP > 1 asks for one CUDA connection, as on a GPU; torch.compile's warm-up costs seconds a run.
+ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "TORCHDYNAMO_DISABLE": "1"}
+EFT_RUN = [sys.executable, "-m", "launcher.eft_run", "--standalone", "--nproc-per-node", "2",
+           "--monitor-interval", "0.1", "--eft-health-source", "none"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+# Megatron's own log line of one iteration: its number and the step's gradient norm.
+ITERATION = re.compile(r"\biteration\s+(\d+)/\s*\d+ \|.*?\| grad norm: ([0-9.]+) \|")
+
+
+def start(tmp_path: Path, launcher: list[str], *args, name: str) -> Launched:
+    """The script under ``launcher``; every process of the job carries ``tmp_path`` in EFT_TEST_JOB."""
+    return Launched([*launcher, str(SCRIPT), *MODEL, *map(str, args)], tmp_path / f"{name}.log",
+                    env={**ENV, "EFT_TEST_JOB": str(tmp_path)})
+
+
+def grad_norms(log: str) -> dict[int, float]:
+    """Iteration -> grad norm, as Megatron logged them (a later generation's line wins)."""
+    return {int(m.group(1)): float(m.group(2)) for m in ITERATION.finditer(log)}
+
+
+def newest(job: Launched) -> int:
+    return max(grad_norms(job.output()), default=0)
+
+
+def complete(root: Path) -> list[int]:
+    """The iterations of root whose save eft marked complete."""
+    return sorted(i for p in root.glob("iter_*") if (i := iteration_of(p.name)) and (p / COMPLETE_MARKER).exists())
+
+
+def leftovers(tmp_path: Path) -> list[str]:
+    """The processes of the job started in ``tmp_path`` still alive (workers, their helpers)."""
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if process.environ().get("EFT_TEST_JOB") == str(tmp_path):
+                found.append(f"{process.pid} {' '.join(process.info['cmdline'] or [])[:120]}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """The script under plain torchrun: its grad norms are what eft's runs must reproduce."""
+    tmp_path = tmp_path_factory.mktemp("plain")
+    ckpt = tmp_path / "ckpt"
+    job = start(tmp_path, TORCHRUN, "--train-iters", "4", "--save", ckpt, "--save-interval", "2", name="torchrun")
+    assert job.wait(240) == 0, job.output()[-3000:]
+    return job.output(), ckpt
+
+
+def test_under_plain_torchrun_the_script_trains_as_if_eft_did_not_exist(plain):
+    log, ckpt = plain
+    assert sorted(grad_norms(log)) == [1, 2, 3, 4]
+    assert "eft is in Megatron-LM's training loop" not in log
+    assert (ckpt / TRACKER).read_text().strip() == "4"
+    assert sorted(iteration_of(p.name) for p in ckpt.glob("iter_*")) == [2, 4]
+    assert complete(ckpt) == []  # nobody but eft writes the marker
+
+
+def test_switches_save_through_megatron_and_the_job_goes_on_then_stops(tmp_path, plain):
+    """The save switch: every rank saves one iteration through Megatron's save, marked complete,
+    and training goes on with the same numbers; the kill switch: save, exit 0."""
+    ckpt, save_now, stop_now = tmp_path / "ckpt", tmp_path / "save-now", tmp_path / "stop-now"
+    job = start(tmp_path, [*EFT_RUN, "--eft-save-switch", save_now, "--eft-kill-switch", stop_now],
+                "--train-iters", "500", "--save", ckpt, "--save-interval", "1000", name="switches")
+    wait_for(lambda: newest(job) >= 2 or job.proc.poll() is not None, 240, "iteration 2")
+    save_now.touch()
+    (saved,) = wait_for(lambda: complete(ckpt), 120, "the save switch's checkpoint")
+    wait_for(lambda: newest(job) >= saved + 2, 120, "training past the save")
+    assert not save_now.exists()  # consumed: the next run does not save at its first step
+    stop_now.touch()
+    assert job.wait(120) == 0, job.output()[-3000:]
+    log = job.output()
+    last = newest(job)
+    assert complete(ckpt) == [saved, last] and (ckpt / TRACKER).read_text().strip() == str(last)
+    assert "eft: megatron-core's dataset helper is already compiled (helpers_cpp); not running make" in log
+    norms, expected = grad_norms(log), grad_norms(plain[0])
+    assert [round(norms[i], 3) for i in expected] == [round(expected[i], 3) for i in expected]
+    assert leftovers(tmp_path) == []
+
+
+def test_sigusr1_saves_one_iteration_and_exits_4_for_a_requeue(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    job = start(tmp_path, EFT_RUN, "--train-iters", "500", "--save", ckpt, "--save-interval", "1000", name="usr1")
+    wait_for(lambda: newest(job) >= 2 or job.proc.poll() is not None, 240, "iteration 2")
+    assert len(leftovers(tmp_path)) >= 3  # eft-run and its two ranks: what the check below must not find
+    os.kill(job.proc.pid, signal.SIGUSR1)
+    assert job.wait(120) == 4, job.output()[-3000:]
+    (saved,) = complete(ckpt)
+    assert (ckpt / TRACKER).read_text().strip() == str(saved) and saved == newest(job)
+    assert "the workers saved and stopped (signal): exit status 4, requeue to go on" in job.output()
+    assert leftovers(tmp_path) == []
+
+
+def test_a_rank_hung_in_a_step_has_its_stacks_logged_and_the_job_resumes_from_its_last_save(tmp_path, plain):
+    ckpt = tmp_path / "ckpt"
+    job = start(tmp_path, [*EFT_RUN, "--max-restarts", "1", "--eft-inject", "rank_hung:1@3", "--eft-timeouts", "step=10"],
+                "--train-iters", "4", "--save", ckpt, "--save-interval", "2", "--load", ckpt, name="hang")
+    assert job.wait(300) == 0, job.output()[-3000:]
+    log = job.output()
+    assert re.search(r"hang: rank 1 .*section 'step'", log), log[-3000:]
+    assert re.search(r"stacks of rank 1 \(pid \d+\)|prints its stacks", log)
+    assert "checkpoint_and_decide_exit" in log  # the hung rank's Python stack, with Megatron's frames
+    assert re.search(r"loaded checkpoint from .* at iteration 2", log)
+    assert complete(ckpt)[-1] == 4
+    norms, expected = grad_norms(log), grad_norms(plain[0])
+    assert [round(norms[i], 3) for i in expected] == [round(expected[i], 3) for i in expected]
+    assert leftovers(tmp_path) == []
