@@ -153,3 +153,15 @@ def test_workers_die_within_seconds_of_a_sigkilled_eft_run(tmp_path, eft_job):
         print(f"workers gone {outlived:.3f} s after the agent's SIGKILL")
     finally:
         kill_all(workers)
+
+
+def test_what_a_worker_started_ends_at_its_restart_and_at_the_jobs_end(tmp_path, eft_job):
+    """A helper a worker leaves in its session (a torch_dist save's spawn helpers) does not
+    outlive the worker's generation: not the restart after its crash, not the job's end."""
+    out = tmp_path / "out"
+    out.mkdir()
+    node = eft_job("leaves_helper.py", out, eft_flags=["--max-restarts", "1"])
+    assert node.wait(120) == 0, node.output()[-2000:]
+    assert json.loads((out / "seen-1").read_text()) == {"helper_0_alive": False}
+    last = int((out / "helper-1").read_text())
+    wait_for(lambda: gone(last), OUTLIVE_LIMIT, "the last generation's helper to end with the job")

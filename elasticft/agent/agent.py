@@ -67,7 +67,7 @@ from elasticft.agent.hang_monitor import HangMonitor
 from elasticft.agent.memory import MemoryService
 from elasticft.agent.numerics import NumericsWatch
 from elasticft.agent.observe import Observer
-from elasticft.agent.orphans import workers_die_with_agent
+from elasticft.agent.orphans import end_sessions, workers_die_with_agent
 from elasticft.agent.replan import RoundPlanner
 from elasticft.agent.restart_budget import BudgetExhausted, RestartBudget, failed_result
 from elasticft.agent.segments import StopRecorder
@@ -106,6 +106,7 @@ class FTElasticAgent(LocalElasticAgent):
         # restart steps torch calls after it (a hang's restart comes a loop later).
         self._pending: Decision = REPORT
         self._rounds = 0
+        self._sessions: set[int] = set()  # this generation's session ids (workers' pids): what they leave ends with them
         self.membership_restarts = 0
         # Why this node's workers last agreed to save and exit (None: they did not), read
         # from their heartbeats when the agent ends: eft-run's exit status (ExitCode.after_stop).
@@ -177,6 +178,7 @@ class FTElasticAgent(LocalElasticAgent):
         self._ckpt.forward_exit_signals()
 
     def _finish(self, clean: bool, stopped_by: str | None) -> None:
+        end_sessions(self._sessions)
         if self._stops is not None:
             self._stops.stopped("finished" if clean else "failed")
         self._services.stop()
@@ -305,7 +307,9 @@ class FTElasticAgent(LocalElasticAgent):
             torch_seam.forget_worker_processes(self)
             return {}
         with workers_die_with_agent(worker_group.spec, self._settings.ft.die_with_agent):  # orphans.py
-            return super()._start_workers(worker_group)
+            pids = super()._start_workers(worker_group)
+        self._sessions = set(pids.values())
+        return pids
 
     def _set_local_rank_env(self, worker_env: dict, local_rank: int, spec: WorkerSpec) -> None:
         """torch fills one worker's variables here (a step in torch_seam.AGENT_STEPS):
@@ -322,6 +326,8 @@ class FTElasticAgent(LocalElasticAgent):
         if self._hangs is not None:
             self._hangs.wait_for_stacks()
         super()._shutdown(self._pending.stop_signal)
+        end_sessions(self._sessions)  # what the stopped workers started (orphans.py); ids reused later are not ours
+        self._sessions = set()
         if self._stops is not None:
             self._stops.stopped("restart")
 

@@ -30,7 +30,7 @@ import os
 import shutil
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from torch.distributed.elastic.agent.server.api import WorkerSpec
@@ -41,6 +41,9 @@ SHIM = Path(__file__).with_name("pdeathsig_exec.py")
 # -I -S: a bare interpreter (no site, no PYTHON* variables) starts fastest and imports
 # nothing of the job's; the shim needs only the standard library.
 SHIM_INTERPRETER_FLAGS = ("-I", "-S")
+# Seconds to wait for killed helpers to be gone (a SIGKILLed process goes at once unless
+# stuck in the kernel, e.g. in a GPU driver call; then the restart goes on without it).
+HELPERS_GONE_TIMEOUT = 5.0
 
 
 @functools.cache
@@ -95,3 +98,31 @@ def workers_die_with_agent(spec: WorkerSpec, enabled: bool) -> Iterator[None]:
         yield
     finally:
         spec.entrypoint, spec.args = entrypoint, args
+
+
+def end_sessions(sessions: Collection[int]) -> list[int]:
+    """SIGKILL what is left in the workers' sessions once they are stopped; the pids ended.
+
+    torch starts each worker in a session of its own (its pid is the session id), and
+    whatever a worker starts stays in that session even after the worker dies and its
+    children are re-parented to init: a torch_dist save's spawn helpers (a results
+    Manager, a resource tracker), dataloader workers. ``PR_SET_PDEATHSIG`` on the worker
+    does not reach them, and on a GPU they can hold device or pinned memory. Call it when
+    the workers are gone (a restart, the end): a helper that left the session (setsid)
+    is out of reach, as it would be of torchrun.
+    """
+    import psutil
+
+    ended = []
+    for process in psutil.process_iter():
+        try:
+            if process.pid != os.getpid() and os.getsid(process.pid) in sessions:
+                process.kill()
+                ended.append(process)
+        except (psutil.NoSuchProcess, ProcessLookupError, PermissionError):
+            pass
+    if ended:
+        # Gone before the next generation starts: what they held (memory, a GPU) is free then.
+        psutil.wait_procs(ended, timeout=HELPERS_GONE_TIMEOUT)
+        log.info("ended %d process(es) the workers left behind: %s", len(ended), ", ".join(str(p.pid) for p in ended))
+    return [p.pid for p in ended]
