@@ -9,6 +9,7 @@ CPU emulation (cpu_emulation.py) stands in for the GPU alone.
 import os
 import re
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -88,22 +89,25 @@ def test_under_plain_torchrun_the_script_trains_as_if_eft_did_not_exist(plain):
     assert complete(ckpt) == []  # nobody but eft writes the marker
 
 
-def test_switches_save_through_megatron_and_the_job_goes_on_then_stops(tmp_path, plain):
-    """The save switch: every rank saves one iteration through Megatron's save, marked complete,
-    and training goes on with the same numbers; the kill switch: save, exit 0."""
-    ckpt, save_now, stop_now = tmp_path / "ckpt", tmp_path / "save-now", tmp_path / "stop-now"
-    job = start(tmp_path, [*EFT_RUN, "--eft-save-switch", save_now, "--eft-kill-switch", stop_now],
-                "--train-iters", "500", "--save", ckpt, "--save-interval", "1000", name="switches")
+def test_eft_ckpt_save_saves_through_megatron_and_the_job_goes_on_then_the_kill_switch_stops_it(tmp_path, plain):
+    """`eft ckpt save`: every rank saves one iteration through Megatron's save, marked complete,
+    and training goes on with plain torchrun's numbers; the kill switch: save, exit 0."""
+    ckpt, stop_now = tmp_path / "ckpt", tmp_path / "stop-now"
+    job = start(tmp_path, [*EFT_RUN, "--eft-kill-switch", stop_now],
+                "--train-iters", "500", "--save", ckpt, "--save-interval", "1000", name="ckpt-save")
     wait_for(lambda: newest(job) >= 2 or job.proc.poll() is not None, 240, "iteration 2")
-    save_now.touch()
-    (saved,) = wait_for(lambda: complete(ckpt), 120, "the save switch's checkpoint")
+    endpoint, run_id = re.search(r"embedded etcd on (\S+) \(run id (\S+)\)", job.output()).groups()
+    asked = subprocess.run([sys.executable, "-m", "launcher.cli", "ckpt", "save", "--endpoint", endpoint,
+                            "--run-id", run_id], capture_output=True, text=True, timeout=60)
+    assert asked.returncode == 0, asked.stderr
+    (saved,) = wait_for(lambda: complete(ckpt), 120, "the requested checkpoint")
     wait_for(lambda: newest(job) >= saved + 2, 120, "training past the save")
-    assert not save_now.exists()  # consumed: the next run does not save at its first step
     stop_now.touch()
     assert job.wait(120) == 0, job.output()[-3000:]
     log = job.output()
     last = newest(job)
     assert complete(ckpt) == [saved, last] and (ckpt / TRACKER).read_text().strip() == str(last)
+    assert re.search(rf"checkpoint of iteration {saved} complete at .*iter_{saved:07d}", log)  # the agent's ack
     assert "eft: megatron-core's dataset helper is already compiled (helpers_cpp); not running make" in log
     norms, expected = grad_norms(log), grad_norms(plain[0])
     assert [round(norms[i], 3) for i in expected] == [round(expected[i], 3) for i in expected]
