@@ -61,6 +61,8 @@ SITES = {
     "save_checkpoint_and_time": Site(TRAINING, "save_checkpoint_and_time", (
         "iteration", "model", "optimizer", "opt_param_scheduler", "num_floating_point_operations_so_far",
         "checkpointing_context")),
+    # --enable-ft-package: connects each rank to NVRx's rank monitor, which only ft_launcher starts.
+    "ft_setup": Site("megatron.training.ft_integration", "setup"),
     # Rank 0 runs `make` for the dataset helper even when the wheel ships it compiled.
     "compile_helpers": Site(DATASET_UTILS, "compile_helpers"),
 }

@@ -55,6 +55,7 @@ from elasticft.slurm.job import SlurmJob
 from elasticft.rendezvous.reuse import prepare_run
 from elasticft.store import EmbeddedEtcd, EtcdNotFound, StoreError, StoreUnavailable, connect
 from elasticft.torch_seam import agent_class_swapped, parse_rendezvous_config
+from launcher import ft_launcher_flags
 from launcher.slurm_setup import apply_slurm
 
 log = logging.getLogger("elasticft")
@@ -74,6 +75,7 @@ def build_parser():
         "fault-tolerant restarts. All torchrun flags work unchanged."
     )
     Settings.add_arguments(parser)
+    ft_launcher_flags.add_arguments(parser)
     parser.epilog = ExitCode.describe()
     return parser
 
@@ -243,6 +245,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"eft-run: kill switch {settings.ckpt.kill_switch} is present; not starting", file=sys.stderr)
             return
         _setup_logging(settings.ft.log_level)
+        settings = ft_launcher_flags.apply(args, settings)  # an ft_launcher command line, launcher renamed
         status = run(args, settings)
         if status:
             sys.exit(int(status))

@@ -50,9 +50,11 @@ def test_on_for_a_script_that_does_not_use_megatron_training_is_refused(tmp_path
         worker_environment("on", script(tmp_path, OWN_LOOP), [])
 
 
-def test_enable_ft_package_is_refused_with_what_to_do(tmp_path, in_range):
-    with pytest.raises(ConfigError, match="--enable-ft-package: .* drop --enable-ft-package"):
-        worker_environment("auto", script(tmp_path, PRETRAIN), ["--enable-ft-package", "--save", "x"])
+def test_enable_ft_package_is_refused_where_eft_cannot_take_nvrxs_place(tmp_path, in_range):
+    """Inside Megatron's loop eft takes the rank monitor's place; outside it nothing would."""
+    with pytest.raises(ConfigError, match=r"--enable-ft-package: .*\(--eft-megatron-lm off\): drop --enable-ft-package"):
+        worker_environment("off", script(tmp_path, PRETRAIN), ["--enable-ft-package", "--save", "x"])
+    assert worker_environment("auto", script(tmp_path, PRETRAIN), ["--enable-ft-package", "--save", "x"])
 
 
 def test_a_megatron_core_outside_the_tested_range_stops_eft_run_in_one_line(tmp_path):
@@ -87,3 +89,23 @@ def test_the_boot_runs_the_sitecustomize_it_shadows(tmp_path):
                           env={"PYTHONPATH": f"{BOOT_DIR}:{own}", "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "yes", done.stderr
+
+
+def test_ft_launchers_section_timeouts_are_efts_in_each_spelling():
+    from launcher import ft_launcher_flags
+    from launcher.eft_run import build_parser
+    from elasticft.settings import Settings
+
+    for spelling in ("--ft-param-rank_section_timeouts", "--ft-rank-section-timeouts", "--ft-rank_section_timeouts"):
+        args = build_parser().parse_args([f"{spelling}=setup:60,step:7", "--ft-rank-out-of-section-timeout", "30",
+                                          "--ft-initial-rank-heartbeat-timeout", "900", "train.py"])
+        hang = ft_launcher_flags.apply(args, Settings.from_args(args)).hang
+        assert hang.section_timeouts() == {"setup": 60.0, "step": 7.0, "checkpointing": 420.0, "other": 30.0}
+
+
+def test_a_malformed_ft_timeout_is_one_line(tmp_path):
+    done = subprocess.run([*eft_run(), "--standalone", "--ft-param-rank_section_timeouts=step180",
+                           script(tmp_path, OWN_LOOP)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "eft-run: error: --ft-rank-section-timeouts: expected SECTION:SECONDS,..., got 'step180'")

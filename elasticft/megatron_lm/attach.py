@@ -63,6 +63,18 @@ def _attach(_module) -> None:
 
     MegatronLoop().attach()
     seam.replace("compile_helpers", _skip_compile_when_shipped)
+    seam.replace("ft_setup", _eft_in_place_of_nvrx)
+
+
+def _eft_in_place_of_nvrx(_original):
+    """``--enable-ft-package`` under eft-run: no NVRx rank monitor is there to connect to, so its
+    client stays unset (every ``ft_integration`` call is then a no-op) and eft's own section
+    timeouts, fed by the same loop, do its work (ft_launcher's flags set them)."""
+    def setup():
+        if "--enable-ft-package" in sys.argv:
+            print("eft: --enable-ft-package: eft times Megatron's sections in place of NVRx's rank monitor",
+                  file=sys.stderr, flush=True)
+    return setup
 
 
 def _skip_compile_when_shipped(original):

@@ -9,7 +9,8 @@ import ``megatron.training`` for a helper can say ``off``. The workers then star
 
 Mistakes are stopped here, before any worker starts, in one line: ``on`` for a script
 that does not import ``megatron.training``, a megatron-core eft was not tested with,
-and ``--enable-ft-package`` (NVRx's rank monitor, which needs NVRx's own launcher).
+and ``--enable-ft-package`` where eft is not in the loop to take the place of NVRx's rank
+monitor (which needs NVRx's own launcher; inside the loop eft does, ``attach.py``).
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ MAX_DEPTH = 3  # local modules followed from the script: enough for pretrain_gpt
 def worker_environment(mode: str, script: str, script_args: list[str], module: bool = False,
                        no_python: bool = False) -> dict[str, str]:
     """The variables that put eft inside the script's loop ({}: the mode is off for it)."""
-    if mode == "off":
-        return {}
-    entry = None if no_python else _entry_file(script, module)
     flag = flag_name("megatron_lm")
+    entry = None if no_python or mode == "off" else _entry_file(script, module)
     if entry is None or not imports_megatron_training(entry):
+        if "--enable-ft-package" in script_args:
+            raise ConfigError(f"--enable-ft-package: NVRx's rank monitor needs NVRx's ft_launcher, and eft is not "
+                              f"in this script's loop to take its place ({flag} {mode}): drop --enable-ft-package")
         if mode == "on":
             what = "a program run with --no-python" if no_python else f"{script} does not import {TARGET}"
             raise ConfigError(f"{flag} on: {what}; eft enters Megatron-LM's own loop "
@@ -45,9 +47,6 @@ def worker_environment(mode: str, script: str, script_args: list[str], module: b
     problem = seam.version_problem(seam.installed_version())
     if problem:
         raise ConfigError(f"{flag}: {problem}; use {flag} off to run {script} without eft in its loop")
-    if "--enable-ft-package" in script_args:
-        raise ConfigError("--enable-ft-package: NVRx's rank monitor needs NVRx's ft_launcher; under eft-run, "
-                          "eft times the same sections (--eft-timeouts): drop --enable-ft-package")
     log.info("%s imports %s: eft attaches to Megatron-LM's loop (%s off: not)", script, TARGET, flag)
     path = os.pathsep.join(filter(None, [str(BOOT_DIR), os.environ.get("PYTHONPATH", "")]))
     return {"PYTHONPATH": path}

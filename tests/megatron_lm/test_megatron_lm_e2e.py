@@ -127,13 +127,20 @@ def test_sigusr1_saves_one_iteration_and_exits_4_for_a_requeue(tmp_path):
     assert leftovers(tmp_path) == []
 
 
-def test_a_rank_hung_in_a_step_has_its_stacks_logged_and_the_job_resumes_from_its_last_save(tmp_path, plain):
+def test_an_ft_launcher_command_line_runs_with_its_section_timeouts_in_force(tmp_path, plain):
+    """ft_launcher's flags and Megatron's --enable-ft-package, only the launcher renamed: a rank
+    hung in a step is caught by ft_launcher's step timeout, its stacks are logged, and the job
+    resumes from its last save with an uninterrupted run's numbers."""
     ckpt = tmp_path / "ckpt"
-    job = start(tmp_path, [*EFT_RUN, "--max-restarts", "1", "--eft-inject", "rank_hung:1@3", "--eft-timeouts", "step=10"],
-                "--train-iters", "4", "--save", ckpt, "--save-interval", "2", "--load", ckpt, name="hang")
+    ft_launcher = ["--ft-param-rank_section_timeouts=setup:600,step:10,checkpointing:420",
+                   "--ft-param-rank_out_of_section_timeout=300", "--max-restarts", "1"]
+    job = start(tmp_path, [*EFT_RUN, *ft_launcher, "--eft-inject", "rank_hung:1@3"],
+                "--train-iters", "4", "--save", ckpt, "--save-interval", "2", "--load", ckpt,
+                "--enable-ft-package", name="hang")
     assert job.wait(300) == 0, job.output()[-3000:]
     log = job.output()
-    assert re.search(r"hang: rank 1 .*section 'step'", log), log[-3000:]
+    assert "eft: --enable-ft-package: eft times Megatron's sections in place of NVRx's rank monitor" in log
+    assert re.search(r"hang: rank 1 .*section 'step' for [0-9.]+ s, after iteration 3 \(timeout 10 s\)", log)
     assert re.search(r"stacks of rank 1 \(pid \d+\)|prints its stacks", log)
     assert "checkpoint_and_decide_exit" in log  # the hung rank's Python stack, with Megatron's frames
     assert re.search(r"loaded checkpoint from .* at iteration 2", log)

@@ -6,6 +6,7 @@ wrapper would silently never run) fails here.
 """
 
 import importlib
+import importlib.util
 
 import pytest
 
@@ -36,15 +37,20 @@ def test_the_loop_calls_each_wrapped_function_through_its_module(caller, callee)
 
 def test_the_dataset_helper_compile_is_imported_at_call_time():
     """initialize's compile step imports compile_helpers when it runs, so the module's
-    attribute (the wrapper) is what it gets."""
+    attribute (eft's wrapper) is what it gets, not a name bound when initialize was imported."""
     initialize = importlib.import_module("megatron.training.initialize")
+    assert "compile_helpers" not in vars(initialize)
     source = importlib.util.find_spec("megatron.training.initialize").loader.get_source("megatron.training.initialize")
     assert "from megatron.core.datasets.utils import compile_helpers" in source
-    assert hasattr(importlib.import_module(seam.DATASET_UTILS), "compile_helpers")
-    assert initialize is not None
 
 
 def test_a_version_outside_the_range_is_named_with_the_range():
     problem = seam.version_problem("0.15.3")
     assert "0.15.3" in problem and "0.19.x" in problem
     assert "not installed" in seam.version_problem(None)
+
+
+def test_pretrain_calls_the_fault_tolerance_setup_through_its_module():
+    """eft takes NVRx's place by replacing ft_integration.setup: pretrain must look it up on the module."""
+    pretrain = importlib.import_module(seam.TRAINING).pretrain.__code__
+    assert {"ft_integration", "setup"} <= set(pretrain.co_names)
