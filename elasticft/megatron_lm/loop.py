@@ -36,6 +36,9 @@ from elasticft.contract.run_dir import write_atomically
 
 log = logging.getLogger(__name__)
 
+# Megatron's rerun state machine's exit statuses: resume to disambiguate, failed validation.
+RERUN_EXIT_CODES = (16, 17)
+
 
 class MegatronLoop:
     """eft's per-iteration duties, fed by Megatron's loop (one per worker process)."""
@@ -68,12 +71,44 @@ class MegatronLoop:
 
     def _train_step(self, original):
         def train_step(*args, **kwargs):
-            result = original(*args, **kwargs)
-            loss_dict, grad_norm = result[0], result[5]
+            call = seam.bound("train_step", args, kwargs)
+            step = (call.get("iteration") or 0) + 1  # the iteration this step makes
+            if self.injector is not None and self.injector.acts_on_losses:  # --eft-inject nan/poison/corrupt
+                args, kwargs = (), {**call, "forward_step_func": self._poisoned(call["forward_step_func"], step)}
+            result = list(original(*args, **kwargs))
+            loss_dict, should_exit, exit_code, grad_norm = result[0], result[3], result[4], result[5]
             self._loss = _scalar(loss_dict.get("lm loss")) if loss_dict else None
             self._grad_norm = _scalar(grad_norm)
-            return result
+            if should_exit and exit_code in RERUN_EXIT_CODES:
+                result[4] = self._rerun_verdict(step, exit_code)
+            return tuple(result)
         return train_step
+
+    def _rerun_verdict(self, step: int, exit_code: int) -> int:
+        """Megatron's rerun state machine found bad numbers in the step that makes ``step`` and
+        asks to be resumed (16: to disambiguate, after its own save; 17: it failed validation).
+        Both are eft's bad numbers: the vote rolls back (the agent restarts the workers from the
+        newest good state, uncharged, and judges a repeat: transient, bad data, bad GPU) and the
+        process exits 0 instead of a status the agent would count as a crash."""
+        action = self.hook.step(step, loss=float("nan"))  # every rank: the state machine decides for all
+        if not action.rollback:  # --no-eft-numerics-check: Megatron's status, a failure to the agent
+            return exit_code
+        log.warning("iteration %d: Megatron's rerun state machine exits %d; eft rolls back and re-runs it",
+                    step, exit_code)
+        return 0
+
+    def _poisoned(self, forward_step, step: int):
+        """``forward_step`` whose loss function's loss goes through the fault injector."""
+        injector = self.injector
+
+        def forward_step_with_faults(*args, **kwargs):
+            output, loss_func = forward_step(*args, **kwargs)
+
+            def loss_with_faults(*largs, **lkwargs):
+                result = loss_func(*largs, **lkwargs)
+                return (injector.loss(step, result[0]), *result[1:])
+            return output, loss_with_faults
+        return forward_step_with_faults
 
     def _decide(self, original):
         def checkpoint_and_decide_exit(*args, **kwargs):

@@ -50,6 +50,11 @@ class FaultInjector:
             return False
         return fault.target == rank
 
+    @property
+    def acts_on_losses(self) -> bool:
+        """Whether this rank has a fault that ``loss()`` applies (nan, poison, corrupt)."""
+        return self._run_dir is not None and any(f.kind in LOSS_FAULTS for f in self._faults)
+
     def after_iteration(self, iteration: int) -> None:
         if self._run_dir is None:
             return

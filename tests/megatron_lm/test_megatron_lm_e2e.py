@@ -148,3 +148,23 @@ def test_an_ft_launcher_command_line_runs_with_its_section_timeouts_in_force(tmp
     norms, expected = grad_norms(log), grad_norms(plain[0])
     assert [round(norms[i], 3) for i in expected] == [round(expected[i], 3) for i in expected]
     assert leftovers(tmp_path) == []
+
+
+def test_a_nan_that_megatron_catches_is_rolled_back_re_run_and_the_job_finishes(tmp_path, plain):
+    """A NaN injected once into a step's loss: Megatron's rerun state machine (on by default)
+    re-runs the step in place, finds it not reproducible and exits asking to be resumed (17 from
+    an in-place re-run, 16 after its own save); eft reads either as bad numbers, rolls back
+    (uncharged: --max-restarts 0), the re-run is a transient fault, and the step's numbers are
+    the uninterrupted run's."""
+    ckpt = tmp_path / "ckpt"
+    job = start(tmp_path, [*EFT_RUN, "--eft-inject", "nan:0@3"],
+                "--train-iters", "4", "--save", ckpt, "--save-interval", "2", "--load", ckpt, name="nan")
+    assert job.wait(300) == 0, job.output()[-3000:]
+    log = job.output()
+    assert re.search(r"iteration 3: Megatron's rerun state machine exits 1[67]; eft rolls back and re-runs it", log)
+    assert "iteration 3 re-run is good: a transient fault" in log
+    assert re.search(r"restart cycle of round \d+ \(rollback\)", log), log[-3000:]
+    assert complete(ckpt)[-1] == 4
+    norms, expected = grad_norms(log), grad_norms(plain[0])
+    assert [round(norms[i], 3) for i in expected] == [round(expected[i], 3) for i in expected]
+    assert leftovers(tmp_path) == []
