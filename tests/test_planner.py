@@ -350,3 +350,39 @@ def test_cli_process_exit_status_and_stderr():
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("eft plan: no legal layout for 16 GPUs (nodes 8,8)")
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+GPT_ARGV = ["--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "8", "--seq-length", "128",
+            "--global-batch-size", "24", "--micro-batch-size", "1", "--tensor-model-parallel-size", "2",
+            "--pipeline-model-parallel-size", "2"]
+
+
+@pytest.mark.parametrize("extra, dp_only", [
+    ([], False),
+    (["--use-distributed-optimizer"], True),  # Megatron's default dp_reshardable optimizer state
+    (["--use-distributed-optimizer", "--dist-ckpt-optim-fully-reshardable"], False),
+    (["--use-distributed-optimizer", "--no-load-optim"], False),
+    (["--ckpt-format", "torch"], True),
+    (["--ckpt-format=torch_dist"], False),
+])
+def test_a_replan_changes_tp_or_pp_only_where_the_checkpoint_format_reshards_them(extra, dp_only):
+    """8 GPUs at TP2xPP2 lose 2: a format that reshards DP only keeps TP2xPP2 on 4 of the 6
+    (Megatron would refuse to load any other); one that reshards everything uses all 6."""
+    from elasticft.planner.megatron_args import model_facts_from_argv, reshard_rule
+
+    facts = model_facts_from_argv(GPT_ARGV + extra)
+    chosen = plan(facts.model, facts.batch, [4, 2], facts.policy)
+    assert reshard_rule(GPT_ARGV + extra)[0] is dp_only
+    if dp_only:
+        assert (chosen.tp, chosen.pp, chosen.used) == (2, 2, 4)
+        assert "change DP only" in reshard_rule(GPT_ARGV + extra)[1]
+    else:
+        assert chosen.used == 6 and (chosen.tp, chosen.pp) != (2, 2)
+
+
+def test_a_dp_only_format_with_no_layout_left_says_why():
+    from elasticft.planner.megatron_args import model_facts_from_argv
+
+    facts = model_facts_from_argv(GPT_ARGV + ["--use-distributed-optimizer"])
+    with pytest.raises(NoLegalLayout, match=r"TP=1.*is not the checkpoint's TP 2 \(its format reshards DP only\)"):
+        plan(facts.model, facts.batch, [3], facts.policy)

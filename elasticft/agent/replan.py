@@ -24,6 +24,7 @@ from elasticft.planner.megatron_args import (
     MegatronFacts,
     load_model_config,
     model_facts_from_argv,
+    reshard_rule,
     rewrite_megatron_args,
 )
 
@@ -58,6 +59,7 @@ class RoundPlanner:
         argv = [str(a) for a in worker_args]
         if not any(a.split("=", 1)[0] in _MODEL_FLAGS for a in argv):
             return None
+        log.info("checkpoints: %s", reshard_rule(argv)[1])
         return cls(model_facts_from_argv(argv), limits, worker_args)
 
     def assign(self, store, group_rank: int, group_world_size: int, local_world_size: int) -> RankAssignment:

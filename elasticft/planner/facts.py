@@ -64,9 +64,12 @@ class Policy:
     virtual_stages_per_rank: int | None = None  # --num-virtual-stages-per-pipeline-rank
     decoder_first_pipeline_num_layers: int | None = None
     decoder_last_pipeline_num_layers: int | None = None
+    # The checkpoint format reshards DP only (megatron_args.reshard_rule): TP and PP stay these.
+    fixed_tp: int | None = None
+    fixed_pp: int | None = None
 
     def __post_init__(self) -> None:
-        _check_positive(self, ("preferred_tp", "max_tp_per_node", "layers_per_virtual_stage",
+        _check_positive(self, ("preferred_tp", "max_tp_per_node", "layers_per_virtual_stage", "fixed_tp", "fixed_pp",
                                "virtual_stages_per_rank", "decoder_first_pipeline_num_layers",
                                "decoder_last_pipeline_num_layers"), optional=True)
         _check_positive(self, ("min_dp",), optional=False)

@@ -85,6 +85,8 @@ def divisors(n: int) -> list[int]:
 # the texts double as keys that group failures in NoLegalLayout's message.
 
 def tp_problem(tp: int, model: ModelFacts, policy: Policy) -> str | None:
+    if policy.fixed_tp and tp != policy.fixed_tp:
+        return f"is not the checkpoint's TP {policy.fixed_tp} (its format reshards DP only)"
     if policy.max_tp_per_node and tp > policy.max_tp_per_node:
         return f"exceeds max_tp_per_node {policy.max_tp_per_node}"
     if model.num_attention_heads % tp:
@@ -96,6 +98,8 @@ def tp_problem(tp: int, model: ModelFacts, policy: Policy) -> str | None:
 
 
 def pipeline_problem(pp: int, model: ModelFacts, policy: Policy) -> str | None:
+    if policy.fixed_pp and pp != policy.fixed_pp:
+        return f"is not the checkpoint's PP {policy.fixed_pp} (its format reshards DP only)"
     layers = model.num_layers
     if policy.interleaved and pp < 2:
         return "is too small: the interleaved schedule needs PP > 1"

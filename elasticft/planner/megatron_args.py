@@ -9,7 +9,7 @@ read, and a repeated flag counts by its last value, as argparse does.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -30,6 +30,8 @@ OPTIONAL_KEYS = ("num_query_groups", "vocab_size", "padded_vocab_size",
                  "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
 # Megatron-LM reads --num-query-groups only when --group-query-attention is given.
 SWITCH_KEYS = ("group_query_attention",)
+# What decides whether a checkpoint loads at another TP or PP (reshard_rule).
+RESHARD_SWITCHES = ("use_distributed_optimizer", "dist_ckpt_optim_fully_reshardable", "no_load_optim")
 # Not a Megatron flag: a model file may state the exact parameter count.
 FILE_ONLY_KEYS = ("params",)
 
@@ -131,8 +133,43 @@ def scan_argv(argv: Sequence[str]) -> dict[str, Any]:
 
 
 def model_facts_from_argv(argv: Sequence[str]) -> MegatronFacts:
-    """Read Megatron-LM arguments; a missing required fact raises ConfigError naming the flag."""
-    return _facts(scan_argv(argv), flag, "megatron arguments")
+    """Read Megatron-LM arguments; a missing required fact raises ConfigError naming the flag.
+    A checkpoint format that reshards DP only fixes the policy's TP and PP (``reshard_rule``)."""
+    facts = _facts(scan_argv(argv), flag, "megatron arguments")
+    if reshard_rule(argv)[0]:
+        policy = replace(facts.policy, fixed_tp=facts.tp, fixed_pp=facts.pp)
+        facts = replace(facts, policy=policy)
+    return facts
+
+
+def reshard_rule(argv: Sequence[str]) -> tuple[bool, str]:
+    """(whether re-plans must keep TP and PP, why), from what Megatron-LM will save and load.
+
+    Megatron loads a checkpoint at another TP or PP only if its format can reshard it:
+    the legacy ``--ckpt-format torch`` cannot, and with ``--use-distributed-optimizer`` a
+    torch_dist checkpoint holds the optimizer ``dp_reshardable`` unless
+    ``--dist-ckpt-optim-fully-reshardable`` is given (Megatron refuses a TP or PP change
+    then; a DP change loads). ``--no-load-optim`` loads only the model, which reshards.
+    """
+    switches = {key for key in RESHARD_SWITCHES if flag(key) in argv}
+    ckpt_format = _last_value(argv, "--ckpt-format") or "torch_dist"
+    if "no_load_optim" in switches:
+        return False, "the optimizer is not loaded (--no-load-optim): TP and PP may change at a re-plan"
+    if ckpt_format == "torch":
+        return True, "--ckpt-format torch does not reshard: re-plans keep TP and PP and change DP only"
+    if "use_distributed_optimizer" in switches and "dist_ckpt_optim_fully_reshardable" not in switches:
+        return True, ("the distributed optimizer's state is saved dp_reshardable: re-plans keep TP and PP and "
+                      "change DP only (add --dist-ckpt-optim-fully-reshardable to let them change TP and PP)")
+    return False, f"--ckpt-format {ckpt_format} reshards: TP and PP may change at a re-plan"
+
+
+def _last_value(argv: Sequence[str], name: str) -> str | None:
+    value = None
+    for i, arg in enumerate(argv):
+        key, eq, inline = arg.partition("=")
+        if key == name:
+            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return value
 
 
 def load_model_config(path: str | Path) -> MegatronFacts:
