@@ -17,20 +17,12 @@ import psutil
 import pytest
 
 from bench.launch import Launched, wait_for
+from bench.megatron_lm import ENV, MODEL
 from elasticft.contract.checkpoints import COMPLETE_MARKER, TRACKER, iteration_of
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).with_name("pretrain_gpt.py")
-# A tiny GPT; a constant learning rate, so a run's numbers do not depend on its --train-iters.
-MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-         "--max-position-embeddings", "32", "--micro-batch-size", "1", "--global-batch-size", "4", "--lr", "1e-3",
-         "--lr-decay-style", "constant", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
-         "--eval-interval", "1000", "--eval-iters", "0", "--log-interval", "1", "--distributed-backend", "gloo",
-         "--transformer-impl", "local", "--no-persist-layer-norm", "--no-gradient-accumulation-fusion",
-         "--hidden-dropout", "0", "--attention-dropout", "0", "--seed", "1234", "--ckpt-format", "torch_dist"]
-# TP > 1 asks for one CUDA connection, as on a GPU; torch.compile's warm-up costs seconds a run.
-ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "TORCHDYNAMO_DISABLE": "1"}
 EFT_RUN = [sys.executable, "-m", "launcher.eft_run", "--standalone", "--nproc-per-node", "2",
            "--monitor-interval", "0.1", "--eft-health-source", "none"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
