@@ -52,7 +52,8 @@ SITES = {
     # pretrain() calls it once, after the model, optimizer, checkpoint and data are ready.
     "train": Site(TRAINING, "train", ("forward_step_func", "model", "optimizer", "opt_param_scheduler")),
     # One iteration; returns (loss_dict, skipped, should_checkpoint, should_exit, exit_code, grad_norm, ...).
-    "train_step": Site(TRAINING, "train_step", ("forward_step_func", "data_iterator", "model", "optimizer")),
+    "train_step": Site(TRAINING, "train_step",
+                       ("forward_step_func", "data_iterator", "model", "optimizer", "iteration")),
     # The loop's per-iteration decision point: save (periodic, signal) and whether to exit.
     "checkpoint_and_decide_exit": Site(TRAINING, "checkpoint_and_decide_exit", (
         "model", "optimizer", "opt_param_scheduler", "iteration", "num_floating_point_operations_so_far",

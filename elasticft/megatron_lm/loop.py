@@ -66,7 +66,8 @@ class MegatronLoop:
             try:
                 return original(*args, **kwargs)
             finally:  # also through the loop's sys.exit
-                self.hook.close()
+                if self.hook is not None:
+                    self.hook.close()
         return train
 
     def _train_step(self, original):
