@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from elasticft.config import ConfigError
+from elasticft.contract.argv import flag_value
 from elasticft.planner.layout import BatchFacts, ModelFacts, Policy
 
 TP_FLAG = "--tensor-model-parallel-size"
@@ -152,7 +153,7 @@ def reshard_rule(argv: Sequence[str]) -> tuple[bool, str]:
     then; a DP change loads). ``--no-load-optim`` loads only the model, which reshards.
     """
     switches = {key for key in RESHARD_SWITCHES if flag(key) in argv}
-    ckpt_format = _last_value(argv, "--ckpt-format") or "torch_dist"
+    ckpt_format = flag_value(argv, "--ckpt-format") or "torch_dist"
     if "no_load_optim" in switches:
         return False, "the optimizer is not loaded (--no-load-optim): TP and PP may change at a re-plan"
     if ckpt_format == "torch":
@@ -162,14 +163,6 @@ def reshard_rule(argv: Sequence[str]) -> tuple[bool, str]:
                       "change DP only (add --dist-ckpt-optim-fully-reshardable to let them change TP and PP)")
     return False, f"--ckpt-format {ckpt_format} reshards: TP and PP may change at a re-plan"
 
-
-def _last_value(argv: Sequence[str], name: str) -> str | None:
-    value = None
-    for i, arg in enumerate(argv):
-        key, eq, inline = arg.partition("=")
-        if key == name:
-            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
-    return value
 
 
 def load_model_config(path: str | Path) -> MegatronFacts:
