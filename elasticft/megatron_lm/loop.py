@@ -164,7 +164,7 @@ class MegatronLoop:
         loaded = getattr(margs, "iteration", 0) or None
         self.hook = Hook(save_interval=margs.save_interval, last_saved_iteration=loaded, group=group)
         self.injector = FaultInjector.from_env()
-        skipped = sorted(i for i in self.hook.numerics.state.skipped) if self.hook.numerics is not None else []
+        skipped = sorted(self.hook.numerics.state.skipped) if self.hook.numerics is not None else []
         if skipped:  # batches the numbers check found bad twice: Megatron's own skip list drops them
             margs.iterations_to_skip = sorted(set(margs.iterations_to_skip or []) | set(skipped))
         if dist.get_rank() == 0:
