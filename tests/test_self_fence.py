@@ -79,8 +79,8 @@ def peers():
 def watch():
     made = []
 
-    def make(mine: Silence, beacons: list[Beacon]) -> FenceWatch:
-        made.append(FenceWatch(mine, TTL, lambda: [b.address for b in beacons]))
+    def make(mine: Silence, beacons: list[Beacon], confirm=lambda timeout: False) -> FenceWatch:
+        made.append(FenceWatch(mine, TTL, lambda: [b.address for b in beacons], confirm=confirm))
         return made[-1]
 
     yield make
@@ -153,3 +153,23 @@ def test_a_node_cut_from_etcd_and_from_the_peers_it_reached_fences_itself(peers,
     assert not fence.must_fence()  # cut off, but the lease may still be refreshed
     mine.seconds = fence.deadline
     wait_for(fence.must_fence, 10, "the fence")
+
+
+def test_a_node_whose_own_keep_alive_still_reaches_etcd_does_not_fence(peers, watch):
+    """A leader killed, or the member this node's keep-alive stream waited on: its peers
+    heard from etcd sooner, but a keep-alive of its own, sent now, is confirmed (a new
+    leader renewed every lease). That node is late, not cut off: its workers train on."""
+    beacons = peers(Silence(0.4), Silence(0.7))
+    mine = Silence(TTL / 2 + 0.1)
+    confirmations = []
+
+    def confirm(timeout: float) -> bool:
+        confirmations.append(timeout)
+        return True
+
+    fence = watch(mine, beacons, confirm)
+    wait_for(lambda: len(confirmations) >= 2, 10, "its own keep-alive to be tried")
+    mine.seconds = fence.deadline + 0.1
+    wait_for(lambda: len(confirmations) >= 4, 10, "more rounds of asking")
+    assert not fence.must_fence()
+    assert all(0 < timeout <= TTL / 6 for timeout in confirmations)  # the fence's clock is not held up

@@ -111,7 +111,8 @@ class AgentContext:
         membership = Membership(client, target.keys)
         node = NodeLease(client, target.keys, record, ttl)
         fence = FenceWatch(lambda: time.monotonic() - node.lease.refreshed_at, node.lease.ttl, lambda: [
-            r.beacon for r in membership.members().values() if r.node_id != record.node_id and r.beacon])
+            r.beacon for r in membership.members().values() if r.node_id != record.node_id and r.beacon],
+            confirm=lambda timeout: node.lease.confirm(timeout))
         beacon.report = fence.report
         events = EventLog(client, target.keys, record.node_id)
         log.info("node %s joined run %s (lease TTL %g s)", record.node_id, target.keys.run_id, ttl)

@@ -114,8 +114,10 @@ def ask(address: str, timeout: float) -> PeerView | NoAnswer:
 class FenceWatch:
     """Watches this node's lease on its own thread; ``must_fence`` says when to stop the workers."""
 
-    def __init__(self, silence: Callable[[], float], ttl: float, peers: Callable[[], list[str]]):
+    def __init__(self, silence: Callable[[], float], ttl: float, peers: Callable[[], list[str]],
+                 confirm: Callable[[float], bool] = lambda timeout: False):
         self._silence = silence
+        self._confirm = confirm  # one keep-alive of this node's lease on its own: True when etcd confirmed it
         self._ttl = ttl
         self._peers = peers  # the beacons of the other nodes (the last membership etcd showed)
         self.deadline = ttl - min(0.5, ttl / 6)  # fence this long after the lease's clock last restarted
@@ -193,6 +195,10 @@ class FenceWatch:
         no_sign = bool(known) and all(answer is NoAnswer.CUT for answer in answers)
         self._silent_rounds = self._silent_rounds + 1 if no_sign else 0
         if any(view.silence < silent - self._ttl / 3 - SLACK for view in views.values()):
+            if self._confirm(self._ttl / 6):
+                # etcd answers this node too: the keeper's stream was waiting on a member that died
+                # or on an election (a new leader renews every lease), not cut off
+                return
             why = "but answers its peers: this node is cut off from etcd"
         elif self._silent_rounds >= SILENT_ROUNDS:
             why = "and no peer gives a sign: this node is cut off from etcd and its peers"

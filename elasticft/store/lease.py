@@ -46,6 +46,21 @@ class Lease:
         self.lost.clear()
         self._client._keeper.add(self)
 
+    def confirm(self, timeout: float) -> bool:
+        """One keep-alive of this lease now, on its own (not the keeper's stream, which may be
+        waiting on a member that died or an election): True when etcd confirmed it, and then
+        ``refreshed_at`` says so. A request that finds its member down goes to the next one."""
+        sent = time.monotonic()
+        per_member = timeout / max(1, self._client._members)  # a request may try every member in turn
+        try:
+            granted = self._client._call(lambda c: _keep_alive(c, [self.id], per_member))
+        except StoreError:
+            return False
+        if granted.get(self.id, 0) <= 0:
+            return False
+        self.refreshed_at = max(self.refreshed_at, sent)
+        return True
+
     def revoke(self) -> None:
         self._client._keeper.remove(self)
         try:
@@ -54,11 +69,11 @@ class Lease:
             log.warning("could not revoke etcd lease %x: %s", self.id, exc)
 
 
-def _keep_alive(c, ids: list[int]) -> dict[int, int]:
+def _keep_alive(c, ids: list[int], timeout: float | None = None) -> dict[int, int]:
     """One LeaseKeepAlive stream carrying every id; lease id -> TTL etcd granted (<= 0: gone)."""
     requests = [etcdrpc.LeaseKeepAliveRequest(ID=i) for i in ids]
     try:
-        answers = c.leasestub.LeaseKeepAlive(iter(requests), c.timeout, credentials=c.call_credentials,
+        answers = c.leasestub.LeaseKeepAlive(iter(requests), timeout or c.timeout, credentials=c.call_credentials,
                                              metadata=c.metadata)
         return {answer.ID: answer.TTL for answer in answers}
     except grpc.RpcError as exc:
