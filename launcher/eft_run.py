@@ -151,8 +151,12 @@ def run(args, settings: Settings) -> ExitCode:
     rdzv_conf = _check_torchrun_args(args)
     _check_memory_tier(args, settings)
     # Workers inherit the launcher's environment: eft's boot directory for a Megatron-LM script.
-    os.environ.update(megatron_lm_environment(settings.megatron_lm.megatron_lm, args.training_script,
-                                              args.training_script_args, args.module, args.no_python))
+    megatron_lm = megatron_lm_environment(settings.megatron_lm.megatron_lm, args.training_script,
+                                          args.training_script_args, args.module, args.no_python)
+    if megatron_lm and settings.memory.enabled:
+        log.warning("--eft-mem-ckpt-interval: memory checkpoints are not yet taken inside Megatron-LM's loop; "
+                    "this job saves to disk only (docs/megatron-lm.md)")
+    os.environ.update(megatron_lm)
     torchrun_plugin.register()
     embedded = None
     try:
