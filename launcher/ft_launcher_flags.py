@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from elasticft.config import ConfigError, HangConfig
+from elasticft.config import ConfigError
 from elasticft.settings import Settings
 
 log = logging.getLogger("elasticft.launcher")
@@ -71,7 +71,7 @@ def apply(args, settings: Settings) -> Settings:
         given["other"] = other.strip()
     if not given:
         return settings
-    current = dict(item.split("=", 1) for item in settings.hang.timeouts.replace(" ", "").split(",") if item)
+    current = {section: f"{seconds:g}" for section, seconds in settings.hang.section_timeouts().items()}
     merged = ",".join(f"{k}={v}" for k, v in {**current, **given}.items())
     try:
         hang = dataclasses.replace(settings.hang, timeouts=merged)
