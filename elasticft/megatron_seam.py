@@ -20,6 +20,7 @@ the package metadata (or the source tree's ``package_info.py``) without importin
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -62,15 +63,36 @@ SITES = {
     "save_checkpoint_and_time": Site(TRAINING, "save_checkpoint_and_time", (
         "iteration", "model", "optimizer", "opt_param_scheduler", "num_floating_point_operations_so_far",
         "checkpointing_context")),
+    # setup_model_and_optimizer's resume (load_arg "load"): where eft restores the memory tier.
+    "load_checkpoint": Site(TRAINING, "load_checkpoint", (
+        "ddp_model", "optimizer", "opt_param_scheduler", "load_arg", "checkpointing_context")),
     # --enable-ft-package: connects each rank to NVRx's rank monitor, which only ft_launcher starts.
     "ft_setup": Site("megatron.training.ft_integration", "setup"),
     # Rank 0 runs `make` for the dataset helper even when the wheel ships it compiled.
     "compile_helpers": Site(DATASET_UTILS, "compile_helpers"),
 }
 
-# Where Megatron keeps the checkpoint name and its arguments (called, not wrapped).
-CHECKPOINT_NAME = Site("megatron.training.checkpointing", "get_checkpoint_name", ("checkpoints_path", "iteration"))
+CHECKPOINTING = "megatron.training.checkpointing"
+# Called, not wrapped: the checkpoint name, the arguments, and what a memory snapshot runs.
+CHECKPOINT_NAME = Site(CHECKPOINTING, "get_checkpoint_name", ("checkpoints_path", "iteration"))
 GET_ARGS = Site("megatron.training.global_vars", "get_args")
+# A memory snapshot is Megatron's own save, stopped where it hands the state to DIST_SAVE
+# (looked up on the package at call time: eft swaps it for the duration of the call).
+SAVE_CHECKPOINT = Site(CHECKPOINTING, "save_checkpoint", (
+    "iteration", "model", "optimizer", "opt_param_scheduler", "num_floating_point_operations_so_far",
+    "checkpointing_context", "train_data_iterator", "preprocess_common_state_dict_fn", "tp_group", "pp_group",
+    "dp_cp_group", "dp_group", "expt_dp_group", "rng_state_key_prefix"))
+DIST_SAVE = Site("megatron.core.dist_checkpointing", "save", (
+    "sharded_state_dict", "checkpoint_dir", "content_metadata", "preprocess_common_before_consistancy_check"))
+# save_checkpoint_and_time's preparations, which a snapshot repeats: the groups of the
+# model's process-group collection, the common state's preprocessing, the parameter sync
+# that --overlap-param-gather defers to the next forward.
+UNWRAP_MODEL = Site(TRAINING, "unwrap_model")
+PREPROCESS_COMMON = Site(TRAINING, "preprocess_common_state_dict", ("common_state_dict",))
+NEEDS_PARAM_SYNC = Site(TRAINING, "should_disable_forward_pre_hook", ("args",))
+PARAM_SYNC = Site(TRAINING, "force_param_sync", ("model_chunks", "optimizer"))
+CALLED = (CHECKPOINT_NAME, GET_ARGS, SAVE_CHECKPOINT, DIST_SAVE, UNWRAP_MODEL, PREPROCESS_COMMON, NEEDS_PARAM_SYNC,
+          PARAM_SYNC)
 
 
 class MegatronSeamError(RuntimeError):
@@ -114,7 +136,7 @@ def function(site: Site) -> Callable:
 def problems() -> list[str]:
     """What the installed Megatron lacks of the sites eft uses (empty: all there)."""
     found = []
-    for site in (*SITES.values(), CHECKPOINT_NAME, GET_ARGS):
+    for site in (*SITES.values(), *CALLED):
         try:
             target = function(site)
         except (ImportError, AttributeError) as exc:
@@ -144,6 +166,18 @@ def replace(name: str, make: Callable[[Callable], Callable]) -> Callable:
     wrapper.__wrapped__ = original
     setattr(module, site.name, wrapper)
     return original
+
+
+@contextlib.contextmanager
+def swapped(site: Site, replacement: Callable):
+    """``site``'s function is ``replacement`` inside the block (on its module, for every caller)."""
+    module = importlib.import_module(site.module)
+    original = getattr(module, site.name)
+    setattr(module, site.name, replacement)
+    try:
+        yield original
+    finally:
+        setattr(module, site.name, original)
 
 
 def bound(name: str, args: tuple, kwargs: dict) -> dict:

@@ -153,9 +153,6 @@ def run(args, settings: Settings) -> ExitCode:
     # Workers inherit the launcher's environment: eft's boot directory for a Megatron-LM script.
     megatron_lm = megatron_lm_environment(settings.megatron_lm.megatron_lm, args.training_script,
                                           args.training_script_args, args.module, args.no_python)
-    if megatron_lm and settings.memory.enabled:
-        log.warning("--eft-mem-ckpt-interval: memory checkpoints are not yet taken inside Megatron-LM's loop; "
-                    "this job saves to disk only (docs/megatron-lm.md)")
     os.environ.update(megatron_lm)
     torchrun_plugin.register()
     embedded = None

@@ -17,7 +17,11 @@ wrappers that call the originals:
   (periodic saves, its signal handler, its exit conditions);
 * ``save_checkpoint_and_time``: every save of the loop is timed as the ``checkpointing``
   section, marked complete as ``CheckpointDir`` marks it (``.complete`` in the iteration's
-  directory, once every rank has written), and acknowledged to the agent.
+  directory, once every rank has written), and acknowledged to the agent;
+* ``load_checkpoint`` (the resume, before the loop): the Hook is made here, and the memory
+  tier (``memory.py``) restores its newest iteration through it when that is the newest state.
+
+After Megatron's decision, each iteration the memory tier takes its snapshot (``memory.py``).
 
 Under plain torchrun nothing here runs: the agent arranges it (``attach.py``).
 """
@@ -44,7 +48,8 @@ class MegatronLoop:
     """eft's per-iteration duties, fed by Megatron's loop (one per worker process)."""
 
     def __init__(self):
-        self.hook = None  # made at train()'s start, by every rank
+        self.hook = None  # made by every rank at the resume, or at train()'s start without --load
+        self.memory = None  # the memory tier (MegatronMemory), made with the hook
         self.injector = None  # --eft-inject faults that act between iterations
         self._loss: float | None = None  # the last train_step's, until the vote takes it
         self._grad_norm: float | None = None
@@ -56,6 +61,7 @@ class MegatronLoop:
         seam.replace("train_step", self._train_step)
         seam.replace("checkpoint_and_decide_exit", self._decide)
         seam.replace("save_checkpoint_and_time", self._save)
+        seam.replace("load_checkpoint", self._load)
         return self
 
     # -- wrappers ----------------------------------------------------------------------
@@ -64,11 +70,24 @@ class MegatronLoop:
         def train(*args, **kwargs):
             self._start()
             try:
-                return original(*args, **kwargs)
-            finally:  # also through the loop's sys.exit
-                if self.hook is not None:
-                    self.hook.close()
+                result = original(*args, **kwargs)
+                self.memory.flush()  # the newest snapshot is not lost to a clean end
+                return result
+            except SystemExit:  # the loop's own exits: every rank at the same point
+                self.memory.flush()
+                raise
+            finally:
+                self.hook.close()
         return train
+
+    def _load(self, original):
+        def load_checkpoint(*args, **kwargs):
+            call = seam.bound("load_checkpoint", args, kwargs)
+            if self.hook is not None or call.get("load_arg", "load") != "load":
+                return original(*args, **kwargs)  # not the resume (a reference model's load, ...)
+            self._make_hook()
+            return self.memory.restore(original, args, kwargs)
+        return load_checkpoint
 
     def _train_step(self, original):
         def train_step(*args, **kwargs):
@@ -126,6 +145,7 @@ class MegatronLoop:
                 return True
             should_exit = original(*args, **kwargs)
             if not should_exit:
+                self.memory.step(call)
                 self.injector.after_iteration(iteration)
             return should_exit
         return checkpoint_and_decide_exit
@@ -139,6 +159,8 @@ class MegatronLoop:
             margs = seam.function(seam.GET_ARGS)()
             started = time.time()
             timed = contextlib.nullcontext() if self._saving or self.hook is None else self.hook.section("checkpointing")
+            if self.memory is not None:
+                self.memory.flush()  # the snapshot in flight first: both write through torch_dist
             with timed:
                 result = original(*args, **kwargs)
             if self.hook is not None and _acknowledged(call, margs):
@@ -150,19 +172,32 @@ class MegatronLoop:
 
     # -- the parts -----------------------------------------------------------------------
 
-    def _start(self) -> None:
-        """Every rank, once the loop is about to begin: the hook and the fault injector."""
+    def _make_hook(self) -> None:
+        """Every rank, once Megatron's process groups exist: the hook and the memory tier."""
         import torch
         import torch.distributed as dist
 
+        from elasticft.megatron_lm.memory import MegatronMemory
         from elasticft.worker.hook import Hook
-        from elasticft.worker.inject import FaultInjector
 
         margs = seam.function(seam.GET_ARGS)()
         # On a GPU the vote goes over gloo, so it does not synchronise the device every iteration.
         group = dist.new_group(backend="gloo") if torch.cuda.is_available() else None
+        self.hook = Hook(save_interval=margs.save_interval, group=group)
+        self.memory = MegatronMemory(self.hook, margs)
+
+    def _start(self) -> None:
+        """Every rank, once the loop is about to begin: the hook (unless the resume made it)
+        and the fault injector."""
+        import torch.distributed as dist
+
+        from elasticft.worker.inject import FaultInjector
+
+        if self.hook is None:
+            self._make_hook()
+        margs = seam.function(seam.GET_ARGS)()
         loaded = getattr(margs, "iteration", 0) or None
-        self.hook = Hook(save_interval=margs.save_interval, last_saved_iteration=loaded, group=group)
+        self.hook.last_saved_iteration = loaded
         self.injector = FaultInjector.from_env()
         skipped = sorted(self.hook.numerics.state.skipped) if self.hook.numerics is not None else []
         if skipped:  # batches the numbers check found bad twice: Megatron's own skip list drops them

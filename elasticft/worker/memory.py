@@ -33,6 +33,7 @@ from elasticft.contract.run_dir import OutboxKind, WorkerEnv
 from elasticft.worker.relay import Outbox
 from elasticft.worker.snapshot import (
     HostCopier,
+    SaveRequest,
     Snapshot,
     in_process_results_queue,
     save_strategy,
@@ -54,11 +55,13 @@ class Restored:
 
 
 class MemoryCheckpoints:
-    """See the module's docstring. ``interval`` overrides ``EFT_MEM_CKPT_INTERVAL``."""
+    """See the module's docstring. ``interval`` overrides ``EFT_MEM_CKPT_INTERVAL``;
+    ``share_results_queue`` False where the process's disk saves are written by other
+    processes (``snapshot.in_process_results_queue``)."""
 
     width = 3  # Ballot: BUSY, FAILED, PAUSED
 
-    def __init__(self, hook, interval: int | None = None):
+    def __init__(self, hook, interval: int | None = None, share_results_queue: bool = True):
         self.hook = hook
         self.interval = from_env(MemoryConfig).mem_ckpt_interval if interval is None else interval
         self.dir = os.environ.get(WorkerEnv.MEM_DIR, "")
@@ -74,7 +77,8 @@ class MemoryCheckpoints:
         self._outbox = Outbox(self.run_dir) if self._reporter else None
         if self.inert:
             return
-        in_process_results_queue()
+        if share_results_queue:  # the process's own torch_dist saves spawn no queue manager either
+            in_process_results_queue()
         self._copier = HostCopier()
         self._strategy = save_strategy()
         self._validated = False
@@ -98,9 +102,10 @@ class MemoryCheckpoints:
     def _due(self, iteration: int) -> bool:
         return iteration % self.interval == 0
 
-    def step(self, iteration: int, state_fn: Callable[[], dict]) -> None:
+    def step(self, iteration: int, state_fn: Callable[[], dict | SaveRequest]) -> None:
         """After ``hook.step(iteration)``: finish the previous snapshot when every rank's
-        write is done, and start this iteration's when it is due and none is in flight."""
+        write is done, and start this iteration's when it is due and none is in flight
+        (``state_fn`` is called only then)."""
         if self.inert:
             return
         if self._pending is not None and not self._agreed[BUSY]:

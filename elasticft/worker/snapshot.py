@@ -17,13 +17,16 @@ the finalization costs no collective of its own. The files are ordinary torch_di
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import inspect
 import logging
 import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -38,17 +41,41 @@ def _mapping():
 
 
 def in_process_results_queue() -> None:
-    """Hand torch_dist's write results back through a plain queue.
+    """Hand torch_dist's write results back through a plain queue, for every save of this process.
 
     megatron-core otherwise creates the queue from a spawn-method multiprocessing
     Manager at the first save of each process: a new interpreter that re-imports
-    ``__main__`` and costs seconds, at the first save after every (re)start. Our writes
-    run on threads of this process, where a plain queue is enough.
+    ``__main__`` and costs seconds, at the first save after every (re)start. Writes
+    that run in this process (ours, and a synchronous torch_dist save) need no more than
+    a plain queue; a save written by a forked or spawned process (Megatron-LM's
+    ``--async-save``) does, so a process that makes those must not call this.
     """
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     if filesystem_async._results_queue is None:
         filesystem_async._results_queue = queue.Queue()
+
+
+@contextlib.contextmanager
+def _plain_results_queue():
+    """A plain queue for the writes planned inside (ours run on threads of this process),
+    whatever queue the process's other saves use."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    shared, filesystem_async._results_queue = filesystem_async._results_queue, queue.Queue()
+    try:
+        yield
+    finally:
+        filesystem_async._results_queue = shared
+
+
+@dataclass
+class SaveRequest:
+    """What a snapshot writes: the sharded state and more of ``dist_checkpointing.save``'s
+    keyword arguments (Megatron-LM's ``content_metadata``, for one)."""
+
+    state: dict
+    options: dict = field(default_factory=dict)
 
 
 class HostCopier:
@@ -128,15 +155,18 @@ class Snapshot:
         self._thread.start()
 
     @classmethod
-    def start(cls, iteration: int, path: Path, state: dict, copier: HostCopier, strategy,
+    def start(cls, iteration: int, path: Path, state: dict | SaveRequest, copier: HostCopier, strategy,
               validate: bool) -> Snapshot:
         from megatron.core import dist_checkpointing
 
         started = time.perf_counter()
-        host_state = copier.copy(state)
+        request = state if isinstance(state, SaveRequest) else SaveRequest(state)
+        host_state = copier.copy(request.state)
         path.mkdir(parents=True, exist_ok=True)
-        request = dist_checkpointing.save(host_state, str(path), sharded_strategy=strategy,
-                                          validate_access_integrity=validate, async_sharded_save=True)
+        with _plain_results_queue():
+            request = dist_checkpointing.save(host_state, str(path), sharded_strategy=strategy,
+                                              validate_access_integrity=validate, async_sharded_save=True,
+                                              **_in_process_writer(), **request.options)
         return cls(iteration, path, request, started, time.perf_counter() - started, copier.bytes)
 
     def _write(self) -> None:
@@ -186,6 +216,16 @@ class Snapshot:
         return time.perf_counter() - self._started, ok
 
 
+@functools.cache
+def _in_process_writer() -> dict:
+    """megatron-core >= 0.17 writes through NVRx's writer unless told ``async_strategy="mcore"``
+    (its own, thread-based one; NVRx need not be installed); older ones have only their own."""
+    from megatron.core import dist_checkpointing
+
+    return {"async_strategy": "mcore"} if "async_strategy" in inspect.signature(dist_checkpointing.save).parameters \
+        else {}
+
+
 def write_in_this_thread(request) -> None:
     """Run an ``AsyncRequest``'s write on the calling thread, without the process megatron forks.
 
@@ -200,9 +240,10 @@ def write_in_this_thread(request) -> None:
     from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
 
     fn = request.async_fn
-    if not (isinstance(fn, functools.partial) and fn.func is FileSystemWriterAsync.write_preloaded_data_multiproc
+    forking = getattr(FileSystemWriterAsync, "write_preloaded_data_multiproc", None)
+    if not (isinstance(fn, functools.partial) and fn.func is forking
             and len(fn.args) == 2 and len(request.async_fn_args) == 3):
-        fn(*request.async_fn_args)
+        fn(*request.async_fn_args)  # megatron-core >= 0.17's own writer already runs threads in this process
         return
     transform_list, use_msc = fn.args
     _rank, buckets, results_queue = request.async_fn_args

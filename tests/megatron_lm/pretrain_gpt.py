@@ -4,9 +4,11 @@ The shape of Megatron-LM's ``pretrain_gpt.py``: parse and validate the arguments
 model config and the config container from them, and hand the dataset provider and the
 forward step to ``megatron.training.pretrain``, which runs unmodified.
 
-The one deviation: on a machine without CUDA, ``cpu_emulation`` (beside this file) is
+The deviations: on a machine without CUDA, ``cpu_emulation`` (beside this file) is
 enabled before anything from megatron is imported, so that the loop runs on the CPU with
-gloo (``--distributed-backend gloo --transformer-impl local``, fp32).
+gloo (``--distributed-backend gloo --transformer-impl local``, fp32); and with
+``EFT_TEST_NUMBERS`` set, ``numbers_log`` records each iteration's unrounded numbers for
+the tests (observation only).
 
 Launch with torchrun, e.g.::
 
@@ -35,6 +37,11 @@ if not torch.cuda.is_available():
     import cpu_emulation
 
     cpu_emulation.enable()
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numbers_log  # noqa: E402 - the tests' record of each iteration's numbers (EFT_TEST_NUMBERS)
+
+numbers_log.enable()
 
 from functools import partial
 from typing import List, Optional

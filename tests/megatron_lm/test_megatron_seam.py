@@ -26,6 +26,7 @@ def test_every_site_eft_uses_is_there_with_the_parameters_eft_reads():
     ("train", "train_step"),
     ("train", "checkpoint_and_decide_exit"),
     ("checkpoint_and_decide_exit", "save_checkpoint_and_time"),
+    ("setup_model_and_optimizer", "load_checkpoint"),
 ])
 def test_the_loop_calls_each_wrapped_function_through_its_module(caller, callee):
     """A replaced module attribute reaches the loop only if the caller looks the name up
@@ -54,3 +55,11 @@ def test_pretrain_calls_the_fault_tolerance_setup_through_its_module():
     """eft takes NVRx's place by replacing ft_integration.setup: pretrain must look it up on the module."""
     pretrain = importlib.import_module(seam.TRAINING).pretrain.__code__
     assert {"ft_integration", "setup"} <= set(pretrain.co_names)
+
+
+def test_a_save_hands_its_state_to_dist_checkpointing_save_looked_up_on_the_package():
+    """A memory snapshot is Megatron's save_checkpoint with the package's ``save`` swapped for
+    the call: Megatron must reach it as ``dist_checkpointing.save`` at call time."""
+    checkpointing = importlib.import_module(seam.CHECKPOINTING)
+    assert {"dist_checkpointing", "save"} <= set(checkpointing.save_checkpoint.__code__.co_names)
+    assert checkpointing.dist_checkpointing is importlib.import_module(seam.DIST_SAVE.module)

@@ -1,0 +1,201 @@
+"""The memory tier inside Megatron-LM's loop: what Megatron's own save would write, kept in host memory.
+
+A snapshot is the state Megatron's ``save_checkpoint`` builds for a torch_dist save (model,
+optimizer, scheduler, RNG, rerun state machine, arguments, iteration, the content metadata
+its load reads back), taken at the moment Megatron hands it to ``dist_checkpointing.save``:
+eft runs Megatron's save with that one call intercepted, so none of Megatron's files is
+written, and gives the state to the memory tier (``elasticft.worker.memory``), which copies
+it off the training tensors and writes it to the node's tmpfs on a thread.
+
+A restart loads it with Megatron's own ``load_checkpoint``, pointed at the iteration the node
+agents assembled (``--load`` the assembly directory and ``--ckpt-step`` its iteration, for
+the call), so Megatron reshards it to the new layout and restores everything it restores
+from a disk checkpoint. The newer of memory and disk (``--load``'s tracker, and Megatron's
+non-persistent checkpoints) wins; a memory checkpoint that does not load falls back to the
+next older one, then to Megatron's own load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+from pathlib import Path
+
+from elasticft import megatron_seam as seam
+from elasticft.contract.checkpoints import TRACKER
+from elasticft.worker.memory import MemoryCheckpoints
+from elasticft.worker.snapshot import SaveRequest
+
+log = logging.getLogger(__name__)
+
+# Memory checkpoints are torch_dist files; Megatron writes its state that way only in this format.
+SNAPSHOT_FORMAT = "torch_dist"
+
+
+class _Captured(Exception):
+    """Raised from the intercepted ``dist_checkpointing.save``: Megatron's save stops there."""
+
+    def __init__(self, state: dict, options: dict):
+        super().__init__("captured")
+        self.request = SaveRequest(state, options)
+
+
+class MegatronMemory:
+    """The memory tier of one worker in Megatron-LM's loop; every rank makes one."""
+
+    def __init__(self, hook, margs):
+        interval = None
+        if margs.ckpt_format != SNAPSHOT_FORMAT:
+            interval = 0
+            if not hook.inert and _wanted() and _rank() == 0:
+                log.warning("memory checkpoints need Megatron's --ckpt-format %s (this job saves %s): none taken",
+                            SNAPSHOT_FORMAT, margs.ckpt_format)
+        # Megatron's --async-save writes from other processes: they need its own results queue.
+        self.tier = MemoryCheckpoints(hook, interval=interval, share_results_queue=not margs.async_save)
+        self._context: dict = {}  # the checkpointing_context of the snapshots' saves: theirs, not the loop's
+        if not self.tier.inert and not margs.load and _rank() == 0:
+            log.warning("memory checkpoints are taken, but without --load Megatron resumes from nothing at a restart")
+
+    # -- in the loop -----------------------------------------------------------------------
+
+    def step(self, call: dict) -> None:
+        """After the loop's decision at ``call["iteration"]`` (on every rank): the tier's turn."""
+        self.tier.step(call["iteration"], lambda: self._capture(call))
+
+    def flush(self) -> None:
+        """Every rank, at the same point: before a disk save, and when the loop ends."""
+        self.tier.flush()
+
+    def _capture(self, call: dict) -> SaveRequest:
+        """What Megatron's save of this iteration would hand to ``dist_checkpointing.save``.
+
+        The arguments are those ``save_checkpoint_and_time`` passes (its process groups, the
+        common state's preprocessing), after the parameter sync it makes first; its other
+        duties (timers, emptying the CUDA cache, logging) are a disk save's, not a snapshot's.
+        """
+        margs = seam.function(seam.GET_ARGS)()
+        model = call["model"]
+        optimizer = call["optimizer"]
+        if seam.function(seam.NEEDS_PARAM_SYNC)(margs):  # --overlap-param-gather: parameters are behind
+            seam.function(seam.PARAM_SYNC)(model, optimizer=optimizer)
+        first = seam.function(seam.UNWRAP_MODEL)(model)[0]
+        groups = getattr(first, "pg_collection", None)
+
+        def group(name: str):
+            return getattr(groups, name, None) if groups is not None else None
+
+        def intercept(sharded_state_dict, checkpoint_dir, *args, **kwargs):
+            options = {k: kwargs[k] for k in ("content_metadata", "preprocess_common_before_consistancy_check")
+                       if kwargs.get(k) is not None}
+            raise _Captured(sharded_state_dict, options)
+
+        # Megatron's save names its directory after --save (rank 0 creates it): the snapshot's.
+        with _attributes(margs, save=self.tier.dir, async_save=False, dataloader_save=None), \
+                seam.swapped(seam.DIST_SAVE, intercept), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                seam.function(seam.SAVE_CHECKPOINT)(
+                    call["iteration"], model, optimizer, call["opt_param_scheduler"],
+                    call["num_floating_point_operations_so_far"], self._context,
+                    train_data_iterator=call.get("train_data_iterator"),
+                    preprocess_common_state_dict_fn=seam.function(seam.PREPROCESS_COMMON),
+                    tp_group=group("tp"), pp_group=group("pp"), dp_cp_group=group("dp_cp_gtp_remat"),
+                    dp_group=group("dp"), expt_dp_group=group("expt_dp"),
+                    rng_state_key_prefix=getattr(first, "rng_state_key_prefix", ""))
+            except _Captured as captured:
+                return captured.request
+        raise seam.MegatronSeamError(f"{seam.SAVE_CHECKPOINT} returned without calling {seam.DIST_SAVE}; "
+                                     "eft's Megatron seam (elasticft/megatron_seam.py) needs updating")
+
+    # -- at the start -------------------------------------------------------------------------
+
+    def restore(self, load, args: tuple, kwargs: dict):
+        """Megatron's resume (``load_checkpoint(..., load_arg="load")``, every rank): from
+        memory when the tier has an iteration at least as new as what Megatron would load."""
+        margs = seam.function(seam.GET_ARGS)()
+        disk = _MegatronDisk(load, args, kwargs, margs)
+
+        def load_memory(path: str, iteration: int):
+            resumed = Path(path)
+            with _attributes(margs, load=str(resumed.parent), ckpt_step=iteration, non_persistent_ckpt_type=None,
+                             pretrained_checkpoint=None, finetune=False, no_load_optim=False, no_load_rng=False):
+                result = load(*args, **kwargs)
+            if result[0] != iteration:
+                raise RuntimeError(f"{path} holds iteration {result[0]}, not {iteration}")
+            return result
+
+        restored = self.tier.restore(load_memory, disk)
+        if restored.source == "memory" and _rank() == 0:
+            log.warning("eft: resumed at iteration %d from the memory checkpoint at %s", restored.iteration,
+                        restored.path)
+        return restored.result if restored.result is not None else disk.result
+
+
+class _MegatronDisk:
+    """What Megatron would resume from on its own, in the shape ``MemoryCheckpoints.restore``
+    asks of a disk tier."""
+
+    def __init__(self, load, args: tuple, kwargs: dict, margs):
+        self._load, self._args, self._kwargs, self._margs = load, args, kwargs, margs
+        self.result = None  # Megatron's own load's return value, once it ran
+
+    def complete_iterations(self) -> list[int]:
+        """The newest iteration Megatron's own load would pick (persistent or non-persistent).
+        None with --finetune: Megatron would start that one over at iteration 0."""
+        margs = self._margs
+        if getattr(margs, "finetune", False):
+            return []
+        roots = [margs.load] if margs.load else []
+        if getattr(margs, "non_persistent_ckpt_type", None) == "global":
+            roots.append(margs.non_persistent_global_ckpt_dir or os.path.join(margs.load or "", "non_persistent"))
+        found = [_tracked(Path(root)) for root in roots if root]
+        found = [i for i in found if i is not None]
+        if getattr(margs, "ckpt_step", None):
+            found.append(margs.ckpt_step)
+        return [max(found)] if found else []
+
+    def load_latest(self, _load_fn):
+        self.result = self._load(*self._args, **self._kwargs)
+        iteration = self.result[0] if self.result else 0
+        return (iteration or None), self.result
+
+    def dir_of(self, iteration: int) -> str:
+        return str(seam.function(seam.CHECKPOINT_NAME)(self._margs.load, iteration, return_base_dir=True))
+
+
+def _tracked(root: Path) -> int | None:
+    """The iteration Megatron's tracker in ``root`` names (None: none, or a release checkpoint)."""
+    try:
+        return int((root / TRACKER).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def _attributes(obj, **values):
+    """``obj``'s attributes set to ``values`` inside the block, put back after."""
+    missing = object()
+    saved = {name: getattr(obj, name, missing) for name in values}
+    for name, value in values.items():
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is missing:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, value)
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _wanted() -> bool:
+    from elasticft.config import MemoryConfig, from_env
+
+    return from_env(MemoryConfig).mem_ckpt_interval > 0

@@ -1,0 +1,49 @@
+"""The tests' window on a run's numbers: each iteration's gradient norm and loss, unrounded.
+
+Megatron's log line rounds the gradient norm to three decimals; the tests compare runs to
+1e-4. With ``EFT_TEST_NUMBERS`` set to a file, ``enable()`` wraps Megatron's
+``training_log`` (which every rank calls once per iteration with the step's numbers) so
+that the last rank (the last pipeline stage, where the loss is) appends one JSON line per
+iteration. Observation only: the numbers pass through unchanged, and under eft-run or
+torchrun alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def enable() -> None:
+    path = os.environ.get("EFT_TEST_NUMBERS")
+    if not path:
+        return
+    import torch.distributed as dist
+    from megatron.training import training
+
+    original = training.training_log
+
+    def training_log(loss_dict, total_loss_dict, learning_rate, iteration, loss_scale, report_memory_flag,
+                     skipped_iter, grad_norm, *args, **kwargs):
+        if dist.get_rank() == dist.get_world_size() - 1:
+            loss = loss_dict.get("lm loss") if loss_dict else None
+            if loss is not None and hasattr(loss, "numel") and loss.numel() == 2:  # (sum, tokens)
+                loss = float(loss[0] / loss[1])
+            with open(path, "a") as out:
+                out.write(json.dumps({"iteration": iteration, "grad_norm": grad_norm,
+                                      "loss": float(loss) if loss is not None else None}) + "\n")
+        return original(loss_dict, total_loss_dict, learning_rate, iteration, loss_scale, report_memory_flag,
+                        skipped_iter, grad_norm, *args, **kwargs)
+
+    training.training_log = training_log
+
+
+def read(path) -> dict[int, dict]:
+    """Iteration -> its numbers; a later line (a re-done iteration) wins."""
+    numbers = {}
+    with open(path) as lines:
+        for line in lines:
+            if line.strip():
+                record = json.loads(line)
+                numbers[record["iteration"]] = record
+    return numbers

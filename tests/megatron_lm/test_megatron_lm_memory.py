@@ -1,0 +1,116 @@
+"""The memory tier inside Megatron-LM's own loop: a whole node lost, the survivor resumes from memory.
+
+Two simulated nodes of two workers each, TP2 x PP2 (no data parallelism: each node's share
+exists nowhere else but in its replica on the other node), a memory checkpoint every
+iteration, a disk save every 50. Node 1 is SIGKILLed with its workers after iteration
+LOSE_AT (``--eft-inject node_lost``); the survivor re-plans onto its two GPUs, and Megatron's
+own load reshards the newest memory checkpoint onto them. Without the tier the same loss
+sends the job back to the last disk save: here, none, so from scratch.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bench.launch import Launched
+from bench.megatron_lm import ENV, MODEL
+from elasticft.store import EmbeddedEtcd
+from tests.megatron_lm.numbers_log import read
+from tests.megatron_lm.test_megatron_lm_e2e import leftovers
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).with_name("pretrain_gpt.py")
+ITERS, LOSE_AT = 15, 12
+# One micro batch per global batch: no data parallelism, so the planner keeps TP2 x PP2 on 4 GPUs.
+LAYOUT = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--micro-batch-size", "4"]
+RESUMED = re.compile(r"workers resumed from iteration (\w+) \((\w+)\); (\d+) iteration\(s\) re-done")
+
+
+def script_args(ckpt: Path) -> list[str]:
+    return [str(SCRIPT), *MODEL, *LAYOUT, "--train-iters", str(ITERS), "--save", str(ckpt), "--load", str(ckpt),
+            "--save-interval", "50"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[int, dict]:
+    """The numbers of an uninterrupted run at TP2 x PP2 under plain torchrun (megatron seeds
+    each pipeline stage by its stage: a run's first layout decides its curve)."""
+    out = tmp_path_factory.mktemp("reference")
+    job = Launched([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                    *script_args(out / "ckpt")], out / "torchrun.log",
+                   env={**ENV, "EFT_TEST_NUMBERS": str(out / "numbers.jsonl")})
+    try:
+        assert job.wait(300) == 0, job.output()[-3000:]
+    finally:
+        job.stop()
+    return read(out / "numbers.jsonl")
+
+
+def lose_a_node(out: Path, mem_ckpt_interval: int) -> tuple[int, str, int, dict[int, dict]]:
+    """Two nodes, node 1 lost after LOSE_AT: (resumed at, from where, re-done, numbers)."""
+    out.mkdir()
+    run_id = uuid.uuid4().hex[:12]
+    env = {**ENV, "EFT_TEST_NUMBERS": str(out / "numbers.jsonl"), "EFT_TEST_JOB": str(out),
+           "PET_RDZV_CONF": "last_call_timeout=15"}  # the first round waits for both nodes
+    with EmbeddedEtcd() as etcd:
+        nodes = [Launched([sys.executable, "-m", "launcher.eft_run", "--nnodes", "1:2", "--nproc-per-node", "2",
+                           "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id,
+                           "--eft-node-id", f"node{i}", "--max-restarts", "1", "--monitor-interval", "0.1",
+                           "--eft-health-source", "none", "--eft-mem-ckpt-interval", str(mem_ckpt_interval),
+                           "--eft-inject", f"node_lost:1@{LOSE_AT}", *script_args(out / "ckpt")],
+                          out / f"node{i}.log", env=env) for i in range(2)]
+        try:
+            codes = [node.wait(420) for node in nodes]
+            logs = [node.output() for node in nodes]
+        finally:
+            for node in nodes:
+                node.stop()
+    survivor = codes.index(0) if 0 in codes else None
+    assert survivor is not None and codes[1 - survivor] != 0, "\n".join(
+        log[-3000:] for log in logs)
+    assert leftovers(out) == []  # the lost node's and the first generation's processes, helpers included
+    (found,) = RESUMED.findall(logs[survivor])
+    return int(found[0]) if found[0].isdigit() else 0, found[1], int(found[2]), read(out / "numbers.jsonl")
+
+
+def test_a_lost_node_resumes_from_memory_at_the_new_layout_and_without_the_tier_from_scratch(
+        reference, tmp_path, capsys):
+    resumed, source, redone, numbers = lose_a_node(tmp_path / "memory", 1)
+    assert source == "memory" and LOSE_AT - 2 <= resumed <= LOSE_AT and redone == LOSE_AT - resumed
+    # Every iteration, the re-done ones from the resharded state included: the uninterrupted run's numbers.
+    assert sorted(numbers) == sorted(reference) == list(range(1, ITERS + 1))
+    for iteration, expected in reference.items():
+        assert numbers[iteration]["grad_norm"] == pytest.approx(expected["grad_norm"], abs=1e-4), iteration
+        assert numbers[iteration]["loss"] == pytest.approx(expected["loss"], abs=1e-4), iteration
+
+    without = lose_a_node(tmp_path / "disk", 0)
+    assert without[:3] == (0, "none", LOSE_AT)
+    with capsys.disabled():
+        print(f"\niterations re-done after a lost node (Megatron-LM, TP2 x PP2 -> 2 GPUs): "
+              f"memory tier {redone}, disk only (no save yet) {without[2]}")
+
+
+def test_a_disk_checkpoint_newer_than_memory_wins(tmp_path):
+    """Snapshots every 4 iterations, Megatron's saves every 3, a rank killed after iteration 7:
+    memory holds iteration 4, disk 6, and the restart loads disk's 6 through Megatron's load."""
+    ckpt = tmp_path / "ckpt"
+    job = Launched([sys.executable, "-m", "launcher.eft_run", "--standalone", "--nproc-per-node", "2",
+                    "--monitor-interval", "0.1", "--eft-health-source", "none", "--max-restarts", "1",
+                    "--eft-mem-ckpt-interval", "4", "--eft-inject", "rank_killed:1@7",
+                    str(SCRIPT), *MODEL, "--train-iters", "8", "--save", str(ckpt), "--load", str(ckpt),
+                    "--save-interval", "3"], tmp_path / "job.log", env={**ENV, "EFT_TEST_JOB": str(tmp_path)})
+    try:
+        assert job.wait(300) == 0, job.output()[-3000:]
+        log = job.output()
+    finally:
+        job.stop()
+    assert "memory checkpoint 4 is older than disk checkpoint 6: loading from disk" in log
+    assert RESUMED.findall(log) == [("6", "disk", "1")]
+    assert re.search(r"successfully loaded checkpoint from \S+/ckpt .*at iteration 6", log)
+    assert leftovers(tmp_path) == []
