@@ -49,13 +49,14 @@ ELAPSED = re.compile(r"\biteration\s+(\d+)/\s*\d+ \| .*?elapsed time per iterati
 SAVED = re.compile(r"save-checkpoint \.+: \(([0-9.]+), ([0-9.]+)\)")  # Megatron's timer: (min, max) over ranks
 
 
-def run(launcher: list[str], iters: int, warmup: int, save_every: int = 0) -> tuple[float, list[float]]:
+def run(launcher: list[str], iters: int, warmup: int, save_every: int = 0, model: tuple[str, ...] = ()
+        ) -> tuple[float, list[float]]:
     """Median ms per iteration after the warm-up, from Megatron's own log lines, and the
     ms of each of Megatron's saves (every ``save_every`` iterations; 0: none)."""
     env = {**os.environ, **ENV}
     with tempfile.TemporaryDirectory() as tmp:
         saves = ["--save", f"{tmp}/ckpt", "--save-interval", str(save_every)] if save_every else []
-        done = subprocess.run([*launcher, str(SCRIPT), *MODEL, "--train-iters", str(iters), *saves],
+        done = subprocess.run([*launcher, str(SCRIPT), *MODEL, *model, "--train-iters", str(iters), *saves],
                               capture_output=True, text=True, env=env, cwd=tmp, timeout=900)
     if done.returncode != 0:
         raise SystemExit(f"{launcher[2]} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-2000:]}")
@@ -71,10 +72,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10, help="iterations left out of the median")
     parser.add_argument("--repeat", type=int, default=3, help="runs per launcher (the median run is kept)")
     parser.add_argument("--save-every", type=int, default=20, help="Megatron's torch_dist saves in the memory tier's run")
+    parser.add_argument("--hidden-size", type=int, default=64, help="the test GPT's width (64: the tests' model)")
+    parser.add_argument("--num-layers", type=int, default=2, help="the test GPT's depth")
     args = parser.parse_args()
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     eft = [sys.executable, "-m", "launcher.eft_run", "--standalone", "--nproc-per-node", "2",
            "--eft-health-source", "none"]
+    model = ("--hidden-size", str(args.hidden_size), "--num-layers", str(args.num_layers))
     memory = "eft-run, memory tier (a snapshot every iteration)"
     launchers = {
         "torchrun (baseline)": (torchrun, 0),
@@ -84,13 +88,14 @@ def main() -> None:
     }
     figures, saves = {}, []
     for name, (launcher, save_every) in launchers.items():
-        runs = sorted((run(launcher, args.iters, args.warmup, save_every) for _ in range(args.repeat)),
+        runs = sorted((run(launcher, args.iters, args.warmup, save_every, model) for _ in range(args.repeat)),
                       key=lambda r: r[0])
         figures[name], run_saves = runs[len(runs) // 2]
         saves += run_saves
     base = figures["torchrun (baseline)"]
     rows = [[name, ms, f"{(ms / base - 1) * 100:+.1f} %"] for name, ms in figures.items()]
-    print(f"Megatron-LM's loop, tiny GPT, 2 ranks DP2 on CPU; median of {args.repeat} runs of {args.iters} iterations")
+    print(f"Megatron-LM's loop, GPT {args.num_layers} layers x {args.hidden_size}, 2 ranks DP2 on CPU; "
+          f"median of {args.repeat} runs of {args.iters} iterations")
     print(table(["launcher", "ms / iteration", "vs torchrun"], rows))
     stall = figures[memory] - figures["eft-run, hook + numbers check"]
     disk = statistics.median(saves) if saves else float("nan")

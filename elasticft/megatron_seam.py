@@ -35,6 +35,7 @@ TESTED_MINORS = ((0, 19),)
 
 TRAINING = "megatron.training.training"
 DATASET_UTILS = "megatron.core.datasets.utils"
+SCHEDULES = "megatron.core.pipeline_parallel.schedules"
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ SITES = {
     # setup_model_and_optimizer's resume (load_arg "load"): where eft restores the memory tier.
     "load_checkpoint": Site(TRAINING, "load_checkpoint", (
         "ddp_model", "optimizer", "opt_param_scheduler", "load_arg", "checkpointing_context")),
+    # One micro batch's forward and backward in every pipeline schedule: a rank's own work (stragglers).
+    "forward_step": Site(SCHEDULES, "forward_step", ("forward_step_func", "data_iterator", "model")),
+    "backward_step": Site(SCHEDULES, "backward_step", ("input_tensor", "output_tensor", "output_tensor_grad")),
     # --enable-ft-package: connects each rank to NVRx's rank monitor, which only ft_launcher starts.
     "ft_setup": Site("megatron.training.ft_integration", "setup"),
     # Rank 0 runs `make` for the dataset helper even when the wheel ships it compiled.

@@ -22,6 +22,8 @@ wrappers that call the originals:
   tier (``memory.py``) restores its newest iteration through it when that is the newest state.
 
 After Megatron's decision, each iteration the memory tier takes its snapshot (``memory.py``).
+The pipeline schedules' ``forward_step`` and ``backward_step`` are timed as the rank's own
+work (``work.py``), which the vote hands to the heartbeat for straggler detection.
 
 Under plain torchrun nothing here runs: the agent arranges it (``attach.py``).
 """
@@ -37,6 +39,7 @@ from pathlib import Path
 from elasticft import megatron_seam as seam
 from elasticft.contract.checkpoints import COMPLETE_MARKER
 from elasticft.contract.run_dir import write_atomically
+from elasticft.megatron_lm.work import StepWork
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,7 @@ class MegatronLoop:
         self._grad_norm: float | None = None
         self._saved: int | None = None  # the iteration eft's vote just saved (no second save of it)
         self._saving = False  # inside a save the vote asked for (the hook timed it already)
+        self.work = StepWork()  # this rank's own work in the step in progress
 
     def attach(self) -> "MegatronLoop":
         seam.replace("train", self._train)
@@ -62,6 +66,8 @@ class MegatronLoop:
         seam.replace("checkpoint_and_decide_exit", self._decide)
         seam.replace("save_checkpoint_and_time", self._save)
         seam.replace("load_checkpoint", self._load)
+        seam.replace("forward_step", self._timed)
+        seam.replace("backward_step", self._timed)
         return self
 
     # -- wrappers ----------------------------------------------------------------------
@@ -79,6 +85,21 @@ class MegatronLoop:
             finally:
                 self.hook.close()
         return train
+
+    def _timed(self, original):
+        def timed(*args, **kwargs):
+            if self.hook is None:  # evaluation before the loop, or plain torchrun
+                return original(*args, **kwargs)
+            with self.work.block():
+                return original(*args, **kwargs)
+        return timed
+
+    def _vote(self, iteration: int, **numbers):
+        """The step's vote, with the rank's own work in it (the step's forward and backward blocks)."""
+        worked = self.work.take()
+        if worked is not None:
+            self.hook.worked(worked)
+        return self.hook.step(iteration, **numbers)
 
     def _load(self, original):
         def load_checkpoint(*args, **kwargs):
@@ -110,7 +131,7 @@ class MegatronLoop:
         Both are eft's bad numbers: the vote rolls back (the agent restarts the workers from the
         newest good state, uncharged, and judges a repeat: transient, bad data, bad GPU) and the
         process exits 0 instead of a status the agent would count as a crash."""
-        action = self.hook.step(step, loss=float("nan"))  # every rank: the state machine decides for all
+        action = self._vote(step, loss=float("nan"))  # every rank: the state machine decides for all
         if not action.rollback:  # --no-eft-numerics-check: Megatron's status, a failure to the agent
             return exit_code
         log.warning("iteration %d: Megatron's rerun state machine exits %d; eft rolls back and re-runs it",
@@ -134,7 +155,7 @@ class MegatronLoop:
         def checkpoint_and_decide_exit(*args, **kwargs):
             call = seam.bound("checkpoint_and_decide_exit", args, kwargs)
             iteration = call["iteration"]
-            action = self.hook.step(iteration, loss=self._loss, grad_norm=self._grad_norm)
+            action = self._vote(iteration, loss=self._loss, grad_norm=self._grad_norm)
             self._loss = self._grad_norm = None
             if action.rollback:  # bad numbers: no save of this state; the agent restarts from the last good one
                 log.warning("iteration %d: bad numbers; stopping to re-run it from the last good state", iteration)

@@ -251,6 +251,12 @@ class Hook:
                 torch.cuda.synchronize()
             self.progress.add_work(time.perf_counter() - started)
 
+    def worked(self, seconds: float) -> None:
+        """Count ``seconds`` of this rank's own work in the step, timed by the caller (as
+        ``compute()`` would, for loops that time their work some other way)."""
+        if not self.inert:
+            self.progress.add_work(seconds)
+
     def close(self) -> None:
         """Training is over: from now on the rank is in the ``other`` section."""
         if not self.inert:

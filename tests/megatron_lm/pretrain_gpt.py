@@ -185,9 +185,15 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor, model: Optio
     return loss, num_tokens, report
 
 
+# Tests only: EFT_TEST_SLOW=RANK:SECONDS makes that rank's every micro batch slower (a straggler).
+_SLOW_RANK, _, _SLOW_SECONDS = os.environ.get("EFT_TEST_SLOW", "").partition(":")
+
+
 def forward_step(data_iterator, model: GPTModel, return_schedule_plan: bool = False):
     """One micro-batch forward; returns the output and the loss function to apply to it."""
     args = get_args()
+    if _SLOW_RANK and torch.distributed.get_rank() == int(_SLOW_RANK):
+        time.sleep(float(_SLOW_SECONDS))
     timers = get_timers()
 
     timers("batch-generator", log_level=2).start()

@@ -5,12 +5,15 @@ exists nowhere else but in its replica on the other node), a memory checkpoint e
 iteration, a disk save every 50. Node 1 is SIGKILLed with its workers after iteration
 LOSE_AT (``--eft-inject node_lost``); the survivor re-plans onto its two GPUs, and Megatron's
 own load reshards the newest memory checkpoint onto them. Without the tier the same loss
-sends the job back to the last disk save: here, none, so from scratch.
+sends the job back to the last disk save: here, none, so from scratch. ``eft report`` reads
+both runs from their event logs.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -71,12 +74,21 @@ def lose_a_node(out: Path, mem_ckpt_interval: int) -> tuple[int, str, int, dict[
         finally:
             for node in nodes:
                 node.stop()
+        report = subprocess.run([sys.executable, "-m", "launcher.cli", "report", "--endpoint", etcd.endpoint,
+                                 "--run-id", run_id, "--json"], capture_output=True, text=True, timeout=120)
     survivor = codes.index(0) if 0 in codes else None
     assert survivor is not None and codes[1 - survivor] != 0, "\n".join(
         log[-3000:] for log in logs)
     assert leftovers(out) == []  # the lost node's and the first generation's processes, helpers included
     (found,) = RESUMED.findall(logs[survivor])
-    return int(found[0]) if found[0].isdigit() else 0, found[1], int(found[2]), read(out / "numbers.jsonl")
+    redone = int(found[2])
+    # eft report reads the same run from its event log: Megatron's steps, the lost node, the work re-done.
+    assert report.returncode == 0, report.stderr
+    summary = json.loads(report.stdout)
+    (failure,) = summary["failures"]
+    assert "node1" in failure["cause"] and failure["iterations_lost"] == redone == summary["iterations_redone"]
+    assert summary["finished"] and summary["categories"]["productive"]["gpu_seconds"] > 0
+    return int(found[0]) if found[0].isdigit() else 0, found[1], redone, read(out / "numbers.jsonl")
 
 
 def test_a_lost_node_resumes_from_memory_at_the_new_layout_and_without_the_tier_from_scratch(

@@ -27,11 +27,15 @@ def test_every_site_eft_uses_is_there_with_the_parameters_eft_reads():
     ("train", "checkpoint_and_decide_exit"),
     ("checkpoint_and_decide_exit", "save_checkpoint_and_time"),
     ("setup_model_and_optimizer", "load_checkpoint"),
+    ("forward_backward_no_pipelining", "forward_step"),
+    ("forward_backward_no_pipelining", "backward_step"),
+    ("forward_backward_pipelining_without_interleaving", "forward_step"),
+    ("forward_backward_pipelining_without_interleaving", "backward_step"),
 ])
 def test_the_loop_calls_each_wrapped_function_through_its_module(caller, callee):
     """A replaced module attribute reaches the loop only if the caller looks the name up
     in its module's globals at call time (not a local alias bound at import)."""
-    module = importlib.import_module(seam.TRAINING)
+    module = importlib.import_module(seam.SITES[callee].module)
     code = getattr(module, caller).__code__
     assert callee in code.co_names, f"{caller} no longer calls {callee} by its global name"
 
