@@ -33,6 +33,10 @@ OWN_DIR = "own"
 HELD_DIR = "held"
 RESTORE_DIR = "restore"
 
+# In each node directory: the agent that owns it ({"pid", "started"}), so that an agent
+# starting later on the same host can tell a dead agent's leftovers from a live one's.
+OWNER_FILE = "owner.json"
+
 # Run-directory files (beside elasticft.contract.run_dir's).
 RESTORE_FILE = "mem-restore.json"  # agent -> workers: what was assembled for this start
 PAUSE_MARKER = "mem-paused"  # agent -> workers: over budget, take no memory snapshots

@@ -23,6 +23,7 @@ from elasticft.contract.run_dir import WorkerEnv, write_atomically
 from elasticft.memckpt.budget import PauseGate
 from elasticft.memckpt.index import MemIndex, complete_iterations, lost_share
 from elasticft.memckpt.node_dir import NodeDir
+from elasticft.memckpt.reclaim import claim, reclaim_and_say, remove_run_dir_if_empty
 from elasticft.memckpt.replicator import Replicator
 from elasticft.memckpt.restore import assemble_candidates
 from elasticft.memckpt.server import ShardServer
@@ -52,7 +53,9 @@ class MemoryTier:
     # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
+        reclaim_and_say(Path(self.config.mem_ckpt_dir), keep=self.node_dir.root)
         self.node_dir.create()
+        claim(self.node_dir.root)
         self._server = ShardServer(self.node_dir, self.node_id, self.keys.run_id, self.host,
                                    self.config.mem_ckpt_port, on_received=self._on_received).start()
         self.client.put(self.keys.mem_server(self.node_id), self.address)
@@ -72,6 +75,7 @@ class MemoryTier:
             except StoreError as exc:
                 log.warning("memory tier: could not remove this node's server address: %s", exc)
         self.node_dir.remove()
+        remove_run_dir_if_empty(self.node_dir.root.parent)
 
     @property
     def address(self) -> str:
