@@ -8,12 +8,13 @@ we also close its server so nothing can read from it).
 from __future__ import annotations
 
 import logging
+import socket
 from pathlib import Path
 
 import pytest
 
 from elasticft.contract.events import EventKind
-from elasticft.contract.memory import PAUSE_MARKER, RESTORE_FILE, RestorePlan
+from elasticft.contract.memory import LAG_MARKER, PAUSE_MARKER, RESTORE_FILE, RestorePlan
 from elasticft.memckpt.index import MemIndex
 from tests.memckpt_parts import make_node, shard_name
 
@@ -164,3 +165,26 @@ def test_pruning_under_the_budget_goes_on(cluster, tmp_path):
     n1.tier.on_restored(None, is_rank0_node=False)  # the workers went back to disk: every part goes
     assert not (n1.run_dir / PAUSE_MARKER).exists()
     assert [e["paused"] for e in n1.kinds(EventKind.MEM_CKPT_PAUSED)] == [True, False]
+
+
+def test_while_a_part_waits_for_its_replica_the_workers_are_told_to_hold_the_next_snapshot(
+        cluster, etcd, run_keys, tmp_path):
+    """A peer that accepts the push and then says nothing (a stalled host): one save being
+    pushed is the slack the workers get; a second one queued behind it raises the origin's
+    lag marker until the pushes end (here: the peer drops the connection). Neither is dropped."""
+    nodes = cluster(2)
+    stalled = socket.socket()
+    stalled.bind(("127.0.0.1", 0))
+    stalled.listen(4)
+    etcd.put(run_keys.mem_server("n1"), "127.0.0.1:%d" % stalled.getsockname()[1])
+    marker = nodes[0].run_dir / LAG_MARKER
+    nodes[0].save(ITER, 2, tmp_path)
+    connection, _ = stalled.accept()  # the push is under way, and will wait
+    assert not marker.exists()
+    nodes[0].save(ITER + 1, 2, tmp_path)
+    assert marker.exists()
+    connection.close()
+    stalled.close()
+    assert nodes[0].tier.flush(30) and not marker.exists()
+    parts = sorted((p.iteration, p.holders) for p in MemIndex(etcd, run_keys).parts() if p.node == "n0")
+    assert parts == [(ITER, ["n0"]), (ITER + 1, ["n0"])]  # both published; no copy claimed that does not exist

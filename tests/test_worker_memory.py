@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from elasticft.contract.memory import (
+    LAG_MARKER,
     PAUSE_MARKER,
     RESTORE_FILE,
     RestoreCandidate,
@@ -144,6 +145,13 @@ def test_a_paused_node_stops_every_rank_from_snapshotting(tmp_path):
     results = run(tmp_path)
     assert [r["last_complete"] for r in results] == [None, None]
     assert not (tmp_path / "mem0").exists() or not any((tmp_path / "mem0").iterdir())
+
+
+def test_a_node_still_replicating_holds_every_ranks_next_snapshot(tmp_path):
+    (tmp_path / "run1").mkdir()
+    (tmp_path / "run1" / LAG_MARKER).touch()  # node 1's agent is still pushing its newest part
+    results = run(tmp_path)
+    assert [r["last_complete"] for r in results] == [None, None]
 
 
 def test_restore_takes_memory_only_where_every_node_has_it_ready(tmp_path):

@@ -40,6 +40,8 @@ OWNER_FILE = "owner.json"
 # Run-directory files (beside elasticft.contract.run_dir's).
 RESTORE_FILE = "mem-restore.json"  # agent -> workers: what was assembled for this start
 PAUSE_MARKER = "mem-paused"  # agent -> workers: over budget, take no memory snapshots
+# agent -> workers: this node's newest snapshot is still being replicated; the next waits for it
+LAG_MARKER = "mem-replicating"
 
 CHECKSUM_HEADER = "X-EFT-CRC32"
 RUN_HEADER = "X-EFT-Run"  # a request naming another run is refused

@@ -1,8 +1,11 @@
 """The tier's own thread: publish each saved part, push its replicas, prune, watch the budget.
 
 ``MemoryTier.on_saved`` only queues; the agent's monitor loop must never wait for a copy to
-another node. Saves queue up in order; when a newer save is already waiting, an older one
-not yet started is dropped (the newer supersedes it). A part is published with the origin
+another node. While a save of this node waits behind another one being replicated, the run
+directory's ``LAG_MARKER`` exists, and the workers take no new snapshot (their vote pauses
+every rank alike): so when replication is slower than the snapshots, the snapshot rate
+backs off to what replication carries, with one save of slack, and no save is ever dropped
+(every node publishes the same iterations, or the survivors could complete none). A part is published with the origin
 as its only holder *before* any push, and each holder is added only after it accepted every
 file, so the index never claims more copies than exist.
 """
@@ -61,7 +64,8 @@ class _Received:
 class Replicator:
     def __init__(self, node_dir: NodeDir, node_id: str, address: str, run_id: str, index: MemIndex,
                  replicas: int, gate: PauseGate, members: Callable[[], dict[str, str]],
-                 address_of: Callable[[str], str | None], lock: threading.RLock, timeout: float = 60.0):
+                 address_of: Callable[[str], str | None], lock: threading.RLock, timeout: float = 60.0,
+                 lag_marker: Path | None = None):
         self.node_dir = node_dir
         self.node_id = node_id
         self.address = address
@@ -82,6 +86,9 @@ class Replicator:
         self._warned_short = False
         self._failing: set[str] = set()  # holders whose failure was logged (once, until they work again)
         self._thread = threading.Thread(target=self._loop, name="eft-mem-replicator", daemon=True)
+        self._lag_marker = lag_marker  # exists while a save of this node waits for its replicas
+        self._replicating = False  # the job in progress is a save
+        self._backed_off = False  # said once per run that snapshots wait for replication
 
     # -- the agent's side -------------------------------------------------------
 
@@ -98,6 +105,7 @@ class Replicator:
         """Forget queued saves: a new start of the workers left their timeline."""
         with self._cond:
             self._jobs = deque(j for j in self._jobs if not isinstance(j, _Saved))
+            self._mark_lag()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued job is done; False on timeout."""
@@ -111,31 +119,48 @@ class Replicator:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        if self._lag_marker is not None:
+            self._lag_marker.unlink(missing_ok=True)
+
+    def _mark_lag(self) -> None:
+        """The lag marker follows whether a save of this node is queued or in progress (under _cond)."""
+        if self._lag_marker is None:
+            return
+        lagging = self._replicating + sum(isinstance(j, _Saved) for j in self._jobs) > 1
+        if lagging:
+            self._lag_marker.touch()
+            if not self._backed_off:
+                self._backed_off = True
+                log.info("memory checkpoints: replication is slower than the snapshots; each snapshot now waits "
+                         "for the one before to be replicated")
+        else:
+            self._lag_marker.unlink(missing_ok=True)
 
     # -- the thread -------------------------------------------------------------
 
     def _put(self, job) -> None:
         with self._cond:
             self._jobs.append(job)
+            self._mark_lag()
             self._cond.notify_all()
 
     def _next(self):
         with self._cond:
-            self._busy = False
+            self._busy = self._replicating = False
+            self._mark_lag()
             self._cond.notify_all()
-            while True:
-                self._cond.wait_for(lambda: self._jobs or self._stop)
-                if self._stop:
-                    return None
-                job = self._jobs.popleft()
-                if not (isinstance(job, _Saved) and any(isinstance(j, _Saved) and j.iteration > job.iteration
-                                                        for j in self._jobs)):
-                    break
-                log.debug("memory checkpoint %d not replicated: a newer one is already waiting", job.iteration)
+            self._cond.wait_for(lambda: self._jobs or self._stop)
+            if self._stop:
+                return None
+            job = self._jobs.popleft()
             self._busy = True
+            self._replicating = isinstance(job, _Saved)
             return job
 
     def _loop(self) -> None:
+        # The first save must not wait seconds for torch's checkpoint reader to import (needs_of).
+        import torch.distributed.checkpoint  # noqa: F401
+
         while (job := self._next()) is not None:
             try:
                 if isinstance(job, _Saved):

@@ -18,7 +18,7 @@ from typing import Callable
 from elasticft.config import MemoryConfig
 from elasticft.contract.events import EventKind
 from elasticft.contract.keys import RunKeys
-from elasticft.contract.memory import RESTORE_FILE, RestorePlan
+from elasticft.contract.memory import LAG_MARKER, RESTORE_FILE, RestorePlan
 from elasticft.contract.run_dir import WorkerEnv, write_atomically
 from elasticft.memckpt.budget import PauseGate
 from elasticft.memckpt.index import MemIndex, complete_iterations, lost_share
@@ -62,7 +62,7 @@ class MemoryTier:
         gate = PauseGate(self.run_dir, self.config.budget_bytes(), self.record)
         self._replicator = Replicator(self.node_dir, self.node_id, self.address, self.keys.run_id, self.index,
                                       self.config.mem_ckpt_replicas, gate, self._members, self._address_of,
-                                      self._lock, self.timeout)
+                                      self._lock, self.timeout, lag_marker=self.run_dir / LAG_MARKER)
         self._replicator.start()
 
     def close(self) -> None:

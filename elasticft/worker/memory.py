@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from elasticft.config import MemoryConfig, from_env
 from elasticft.contract.checkpoints import iter_dir_name
-from elasticft.contract.memory import PAUSE_MARKER, RESTORE_FILE, RestorePlan
+from elasticft.contract.memory import LAG_MARKER, PAUSE_MARKER, RESTORE_FILE, RestorePlan
 from elasticft.contract.run_dir import OutboxKind, WorkerEnv
 from elasticft.worker.relay import Outbox
 from elasticft.worker.snapshot import (
@@ -90,8 +90,11 @@ class MemoryCheckpoints:
         pending = self._pending
         busy = int(pending is not None and not pending.done)
         failed = int(pending is not None and pending.failed)
-        # One stat, only when a snapshot is due: the agent pauses the tier when over budget.
-        paused = int(self._due(iteration) and (self.run_dir / PAUSE_MARKER).exists())
+        # Two stats, only when a snapshot is due: the agent pauses the tier when over budget, and
+        # holds the next snapshot while a node's newest is still being replicated (a back-off
+        # every node sees in the same vote: all skip the same iterations, none drops one).
+        paused = int(self._due(iteration) and ((self.run_dir / PAUSE_MARKER).exists()
+                                               or (self.run_dir / LAG_MARKER).exists()))
         return [busy, failed, paused]
 
     def settle(self, agreed: list[int]) -> None:
