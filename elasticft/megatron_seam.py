@@ -95,8 +95,41 @@ UNWRAP_MODEL = Site(TRAINING, "unwrap_model")
 PREPROCESS_COMMON = Site(TRAINING, "preprocess_common_state_dict", ("common_state_dict",))
 NEEDS_PARAM_SYNC = Site(TRAINING, "should_disable_forward_pre_hook", ("args",))
 PARAM_SYNC = Site(TRAINING, "force_param_sync", ("model_chunks", "optimizer"))
+# The rerun state machine (on by default): a resume puts it back to "no re-run pending" when
+# eft's numbers check has taken over its verdict (rerun_idle_after_resume).
+GET_RERUN_STATE_MACHINE = Site("megatron.core.rerun_state_machine", "get_rerun_state_machine")
 CALLED = (CHECKPOINT_NAME, GET_ARGS, SAVE_CHECKPOINT, DIST_SAVE, UNWRAP_MODEL, PREPROCESS_COMMON, NEEDS_PARAM_SYNC,
-          PARAM_SYNC)
+          PARAM_SYNC, GET_RERUN_STATE_MACHINE)
+# The machine's fields a resume resets: its state (RerunState) and the requests of the last run.
+RERUN_IDLE_STATE = "NOT_RUNNING_YET"
+RERUN_REQUESTS = ("rerun_requested", "checkpoint_requested", "restart_again_requested", "continue_requested")
+
+
+def rerun_idle_after_resume(resumed: bool) -> str | None:
+    """Put Megatron's rerun state machine back to "no re-run pending" after a resume; the
+    state it was loaded in (None: idle already).
+
+    A checkpoint Megatron's machine saves before its exit 16 carries a pending re-run
+    ("resume on another GPU to disambiguate"); loaded again, the machine exits again at its
+    first step, at every resume on the same GPU. eft's numbers check judges those re-runs
+    itself (transient, bad data, bad node), so the resume it makes starts from a plain state;
+    the machine's saved data-iterator position stays, so the re-run sees the same batch.
+    After a resume (``resumed``: an iteration was loaded) the machine also checks the first
+    step, which it skips only because a fresh job has nothing to save yet: the re-run of a
+    bad step is then caught by the same check as the first run, and eft can compare the two.
+    """
+    module = importlib.import_module(GET_RERUN_STATE_MACHINE.module)
+    machine = function(GET_RERUN_STATE_MACHINE)()
+    if resumed:
+        machine.first_iteration_complete = True
+    idle = getattr(module.RerunState, RERUN_IDLE_STATE)
+    if machine.state == idle:
+        return None
+    was = machine.state.name
+    machine.state = idle
+    for request in RERUN_REQUESTS:
+        setattr(machine, request, False)
+    return was
 
 
 class MegatronSeamError(RuntimeError):

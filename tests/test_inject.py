@@ -38,3 +38,18 @@ def test_only_the_target_acts_once_and_degrades_its_gpu(tmp_path):
 
 def test_nothing_fires_outside_eft_run():
     FaultInjector(parse_faults("rank_killed:0@1"), None, 0, 0, 0).after_iteration(1)  # still alive
+
+
+def test_a_loop_that_reaches_into_its_steps_hangs_its_rank_mid_step_not_between_iterations(tmp_path, monkeypatch):
+    """Megatron-LM's loop passes in_step=True after an iteration and calls in_step() from the
+    next step's forward: the hang happens there, once (a re-done step does not hang again)."""
+    hung = []
+    monkeypatch.setattr(FaultInjector, "_rank_hung", staticmethod(lambda: hung.append("hung")))
+    target = FaultInjector(parse_faults("rank_hung:1@3"), str(tmp_path), rank=1, local_rank=1, group_rank=0)
+    target.after_iteration(3, in_step=True)
+    assert hung == []  # not between iterations
+    target.in_step(2)
+    assert hung == []  # not in the step after another iteration
+    target.in_step(3)
+    target.in_step(3)
+    assert hung == ["hung"]

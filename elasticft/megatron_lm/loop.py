@@ -58,6 +58,7 @@ class MegatronLoop:
         self._grad_norm: float | None = None
         self._saved: int | None = None  # the iteration eft's vote just saved (no second save of it)
         self._saving = False  # inside a save the vote asked for (the hook timed it already)
+        self._decided: int | None = None  # the last iteration the loop decided on (the step after it runs now)
         self.work = StepWork()  # this rank's own work in the step in progress
 
     def attach(self) -> "MegatronLoop":
@@ -90,6 +91,8 @@ class MegatronLoop:
         def timed(*args, **kwargs):
             if self.hook is None:  # evaluation before the loop, or plain torchrun
                 return original(*args, **kwargs)
+            if self._decided is not None:  # --eft-inject rank_hung: mid-step, in its forward or backward
+                self.injector.in_step(self._decided)
             with self.work.block():
                 return original(*args, **kwargs)
         return timed
@@ -107,7 +110,13 @@ class MegatronLoop:
             if self.hook is not None or call.get("load_arg", "load") != "load":
                 return original(*args, **kwargs)  # not the resume (a reference model's load, ...)
             self._make_hook()
-            return self.memory.restore(original, args, kwargs)
+            result = self.memory.restore(original, args, kwargs)
+            if self.hook.numerics is not None:  # eft judges re-runs: Megatron's pending one is dropped
+                pending = seam.rerun_idle_after_resume(bool(result and result[0]))
+                if pending is not None and _first_rank():
+                    log.warning("eft: Megatron's rerun state machine was loaded in state %s; eft's numbers check "
+                                "re-runs the iteration and judges it instead", pending)
+            return result
         return load_checkpoint
 
     def _train_step(self, original):
@@ -167,7 +176,8 @@ class MegatronLoop:
             should_exit = original(*args, **kwargs)
             if not should_exit:
                 self.memory.step(call)
-                self.injector.after_iteration(iteration)
+                self.injector.after_iteration(iteration, in_step=True)
+                self._decided = iteration
             return should_exit
         return checkpoint_and_decide_exit
 
@@ -246,11 +256,15 @@ class MegatronLoop:
     @staticmethod
     def _mark_complete(path: Path, iteration: int) -> None:
         """Rank 0, after Megatron's save returned (it ends with a barrier of all ranks)."""
-        import torch.distributed as dist
-
-        if dist.get_rank() == 0 and path.is_dir():
+        if _first_rank() and path.is_dir():
             write_atomically(path / COMPLETE_MARKER, json.dumps({"iteration": iteration, "time": time.time()}),
                              durable=True)
+
+
+def _first_rank() -> bool:
+    import torch.distributed as dist
+
+    return dist.get_rank() == 0
 
 
 def _acknowledged(call: dict, margs) -> bool:

@@ -55,12 +55,27 @@ class FaultInjector:
         """Whether this rank has a fault that ``loss()`` applies (nan, poison, corrupt)."""
         return self._run_dir is not None and any(f.kind in LOSS_FAULTS for f in self._faults)
 
-    def after_iteration(self, iteration: int) -> None:
+    def after_iteration(self, iteration: int, *, in_step: bool = False) -> None:
+        """The faults due after ``iteration``. A loop that reaches into its steps passes
+        ``in_step=True`` and calls ``in_step(iteration)`` from the next step: its hung rank
+        then hangs mid-step, as a real one does, holding its peers in the step's collectives."""
         if self._run_dir is None:
             return
         for fault in self._faults:
-            if fault.iteration == iteration and fault.kind not in LOSS_FAULTS and self._first_time(fault):
+            if fault.iteration != iteration or fault.kind in LOSS_FAULTS:
+                continue
+            if in_step and fault.kind is FaultKind.RANK_HUNG:
+                continue
+            if self._first_time(fault):
                 getattr(self, "_" + fault.kind.value)()
+
+    def in_step(self, iteration: int) -> None:
+        """Inside the step that follows ``iteration``: a ``rank_hung`` fault due after it hangs here."""
+        if self._run_dir is None:
+            return
+        for fault in self._faults:
+            if fault.kind is FaultKind.RANK_HUNG and fault.iteration == iteration and self._first_time(fault):
+                self._rank_hung()
 
     def loss(self, iteration: int, loss):
         """``loss`` (a tensor) as the step that makes ``iteration`` computes it on this rank."""

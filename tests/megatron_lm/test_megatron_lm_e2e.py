@@ -26,14 +26,16 @@ SCRIPT = Path(__file__).with_name("pretrain_gpt.py")
 EFT_RUN = [sys.executable, "-m", "launcher.eft_run", "--standalone", "--nproc-per-node", "2",
            "--monitor-interval", "0.1", "--eft-health-source", "none"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+# The agent's line at a restart: where the workers resumed from, and what they re-do.
+RESUMED = re.compile(r"workers resumed from iteration (\w+) \((\w+)\); (\d+) iteration\(s\) re-done")
 # Megatron's own log line of one iteration: its number and the step's gradient norm.
 ITERATION = re.compile(r"\biteration\s+(\d+)/\s*\d+ \|.*?\| grad norm: ([0-9.]+) \|")
 
 
-def start(tmp_path: Path, launcher: list[str], *args, name: str) -> Launched:
+def start(tmp_path: Path, launcher: list[str], *args, name: str, env: dict | None = None) -> Launched:
     """The script under ``launcher``; every process of the job carries ``tmp_path`` in EFT_TEST_JOB."""
     return Launched([*launcher, str(SCRIPT), *MODEL, *map(str, args)], tmp_path / f"{name}.log",
-                    env={**ENV, "EFT_TEST_JOB": str(tmp_path)})
+                    env={**ENV, "EFT_TEST_JOB": str(tmp_path), **(env or {})})
 
 
 def grad_norms(log: str) -> dict[int, float]:
@@ -125,24 +127,27 @@ def test_sigusr1_saves_one_iteration_and_exits_4_for_a_requeue(tmp_path):
 
 
 def test_an_ft_launcher_command_line_runs_with_its_section_timeouts_in_force(tmp_path, plain):
-    """ft_launcher's flags and Megatron's --enable-ft-package, only the launcher renamed: a rank
-    hung in a step is caught by ft_launcher's step timeout, its stacks are logged, and the job
-    resumes from its last save with an uninterrupted run's numbers."""
+    """ft_launcher's flags and Megatron's --enable-ft-package, only the launcher renamed (the
+    memory tier on through its EFT_* variable): a rank hung inside a step is caught by
+    ft_launcher's step timeout, its stacks are logged, and the job resumes from the newest tier
+    (memory, newer than the last disk save) with an uninterrupted run's numbers."""
     ckpt = tmp_path / "ckpt"
     ft_launcher = ["--ft-param-rank_section_timeouts=setup:600,step:10,checkpointing:420",
                    "--ft-param-rank_out_of_section_timeout=300", "--max-restarts", "1"]
-    job = start(tmp_path, [*EFT_RUN, *ft_launcher, "--eft-inject", "rank_hung:1@3"],
-                "--train-iters", "4", "--save", ckpt, "--save-interval", "2", "--load", ckpt,
-                "--enable-ft-package", name="hang")
+    job = start(tmp_path, [*EFT_RUN, *ft_launcher, "--eft-inject", "rank_hung:1@5"],
+                "--train-iters", "6", "--save", ckpt, "--save-interval", "3", "--load", ckpt,
+                "--enable-ft-package", name="hang", env={"EFT_MEM_CKPT_INTERVAL": "1"})
     assert job.wait(300) == 0, job.output()[-3000:]
     log = job.output()
     assert "eft: --enable-ft-package: eft times Megatron's sections in place of NVRx's rank monitor" in log
-    # The heartbeat is rewritten at most every 50 ms: at this model's 40 ms steps it may still name iteration 2.
-    assert re.search(r"hang: rank 1 .*section 'step' for [0-9.]+ s, after iteration [23] \(timeout 10 s\)", log)
+    # The heartbeat is rewritten at most every 50 ms: at this model's 40 ms steps it may still name iteration 4.
+    assert re.search(r"hang: rank 1 .*section 'step' for [0-9.]+ s, after iteration [45] \(timeout 10 s\)", log)
     assert re.search(r"stacks of rank 1 \(pid \d+\)|prints its stacks", log)
-    assert "checkpoint_and_decide_exit" in log  # the hung rank's Python stack, with Megatron's frames
-    assert re.search(r"loaded checkpoint from .* at iteration 2", log)
-    assert complete(ckpt)[-1] == 4
+    assert "forward_backward_no_pipelining" in log  # hung inside the step: Megatron's schedule in its stack
+    # Disk holds iteration 3; a snapshot waits while the last one is written, so memory holds 4 or 5.
+    ((resumed, source, redone),) = RESUMED.findall(log)
+    assert source == "memory" and int(resumed) in (4, 5) and int(redone) == 5 - int(resumed)
+    assert complete(ckpt)[-1] == 6
     norms, expected = grad_norms(log), grad_norms(plain[0])
     assert [round(norms[i], 3) for i in expected] == [round(expected[i], 3) for i in expected]
     assert leftovers(tmp_path) == []
@@ -165,6 +170,28 @@ def test_a_nan_that_megatron_catches_is_rolled_back_re_run_and_the_job_finishes(
     assert complete(ckpt)[-1] == 4
     norms, expected = grad_norms(log), grad_norms(plain[0])
     assert [round(norms[i], 3) for i in expected] == [round(expected[i], 3) for i in expected]
+    assert leftovers(tmp_path) == []
+
+
+def test_a_batch_that_fails_again_ends_in_megatron_exit_16_and_the_job_restarts_as_asked_and_finishes(tmp_path):
+    """A NaN every time iteration 3's batch runs on rank 0 (--eft-inject poison): Megatron's
+    rerun state machine re-runs the step in place, gets the NaN again, saves and exits 16
+    ("resume to disambiguate"). eft restarts the workers from that state, uncharged; the same
+    NaN at the same iteration again is bad data, so eft has Megatron skip that batch and the job
+    finishes, never a crash loop."""
+    ckpt = tmp_path / "ckpt"
+    job = start(tmp_path, [*EFT_RUN, "--eft-inject", "poison:0@3"],
+                "--train-iters", "5", "--save", ckpt, "--save-interval", "100", "--load", ckpt, name="exit16")
+    assert job.wait(300) == 0, job.output()[-3000:]
+    log = job.output()
+    assert re.search(r"iteration 3: Megatron's rerun state machine exits 16; eft rolls back and re-runs it", log)
+    assert re.search(r"successfully saved checkpoint from iteration\s+2 ", log)  # Megatron's save before its 16
+    assert "loaded in state WILL_RERUN_FROM_CHECKPOINT; eft's numbers check re-runs the iteration" in log
+    assert [r[0] for r in RESUMED.findall(log)] == ["2", "2"]  # where Megatron asked: the state before the step
+    # eft's verdicts: the first NaN is unexplained, the same NaN on the re-run is the data's.
+    assert re.findall(r"iteration 3: nan .*: rolling back \((\w+)\)", log) == ["unknown", "data"]
+    assert re.search(r"iteration\s+4/\s*5 \| consumed samples:\s+16 \| skipped samples:\s+4 ", log)
+    assert complete(ckpt)[-1] == 5 and newest(job) == 5
     assert leftovers(tmp_path) == []
 
 

@@ -24,7 +24,7 @@ from bench.launch import Launched
 from bench.megatron_lm import ENV, MODEL
 from elasticft.store import EmbeddedEtcd
 from tests.megatron_lm.numbers_log import read
-from tests.megatron_lm.test_megatron_lm_e2e import leftovers
+from tests.megatron_lm.test_megatron_lm_e2e import RESUMED, leftovers
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,6 @@ SCRIPT = Path(__file__).with_name("pretrain_gpt.py")
 ITERS, LOSE_AT = 15, 12
 # One micro batch per global batch: no data parallelism, so the planner keeps TP2 x PP2 on 4 GPUs.
 LAYOUT = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--micro-batch-size", "4"]
-RESUMED = re.compile(r"workers resumed from iteration (\w+) \((\w+)\); (\d+) iteration\(s\) re-done")
 
 
 def script_args(ckpt: Path) -> list[str]:

@@ -67,3 +67,18 @@ def test_a_save_hands_its_state_to_dist_checkpointing_save_looked_up_on_the_pack
     checkpointing = importlib.import_module(seam.CHECKPOINTING)
     assert {"dist_checkpointing", "save"} <= set(checkpointing.save_checkpoint.__code__.co_names)
     assert checkpointing.dist_checkpointing is importlib.import_module(seam.DIST_SAVE.module)
+
+
+def test_the_rerun_state_machine_has_the_idle_state_and_requests_a_resume_resets():
+    """A pending re-run loaded from Megatron's exit-16 checkpoint is reset to idle, requests cleared."""
+    module = importlib.import_module(seam.GET_RERUN_STATE_MACHINE.module)
+    machine = seam.function(seam.GET_RERUN_STATE_MACHINE)()
+    assert seam.rerun_idle_after_resume(resumed=False) is None  # a fresh machine is idle
+    assert machine.first_iteration_complete is False  # a fresh job: its first step is not checked
+    machine.state = module.RerunState.WILL_RERUN_FROM_CHECKPOINT
+    for request in seam.RERUN_REQUESTS:
+        setattr(machine, request, True)
+    assert seam.rerun_idle_after_resume(resumed=True) == "WILL_RERUN_FROM_CHECKPOINT"
+    assert machine.state == getattr(module.RerunState, seam.RERUN_IDLE_STATE)
+    assert not any(getattr(machine, request) for request in seam.RERUN_REQUESTS)
+    assert machine.first_iteration_complete is True  # after a resume the first step is checked too
