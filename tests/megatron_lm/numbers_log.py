@@ -4,14 +4,15 @@ Megatron's log line rounds the gradient norm to three decimals; the tests compar
 1e-4. With ``EFT_TEST_NUMBERS`` set to a file, ``enable()`` wraps Megatron's
 ``training_log`` (which every rank calls once per iteration with the step's numbers) so
 that the last rank (the last pipeline stage, where the loss is) appends one JSON line per
-iteration. Observation only: the numbers pass through unchanged, and under eft-run or
-torchrun alike.
+iteration, with the time it was logged (the benches time restarts by it). Observation only:
+the numbers pass through unchanged, and under eft-run or torchrun alike.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 
 
 def enable() -> None:
@@ -30,7 +31,7 @@ def enable() -> None:
             if loss is not None and hasattr(loss, "numel") and loss.numel() == 2:  # (sum, tokens)
                 loss = float(loss[0] / loss[1])
             with open(path, "a") as out:
-                out.write(json.dumps({"iteration": iteration, "grad_norm": grad_norm,
+                out.write(json.dumps({"iteration": iteration, "grad_norm": grad_norm, "time": time.time(),
                                       "loss": float(loss) if loss is not None else None}) + "\n")
         return original(loss_dict, total_loss_dict, learning_rate, iteration, loss_scale, report_memory_flag,
                         skipped_iter, grad_norm, *args, **kwargs)
