@@ -19,6 +19,7 @@ from elasticft.agent.restart_budget import (
     NoProgress,
     RestartBudget,
     made_progress,
+    quote,
     report_cycle,
 )
 from elasticft.config import ConfigError, RestartConfig
@@ -119,6 +120,23 @@ def test_a_cycle_nothing_can_be_known_about_is_not_judged():
     assert {(r.no_progress, r.ended) for r in run_cycles(blind)} == {(0, None)}
     crashed_in_setup = [cycle(r, reached=None, watched=True) for r in range(4)]
     assert run_cycles(crashed_in_setup)[-1].ended is Ending.NO_PROGRESS
+
+
+def test_the_last_failure_is_quoted_with_its_error_files_message_and_without_torchs_boilerplate(tmp_path):
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    error_file = tmp_path / "error.json"  # what torch's @record writes
+    error_file.write_text(json.dumps({"message": {"message": "FileNotFoundError: no dataset index at /d/x.idx\n",
+                                                  "extraInfo": {"py_callstack": "...", "timestamp": "5"}}}))
+    recorded = ProcessFailure(local_rank=1, pid=41, exitcode=1, error_file=str(error_file))
+    plain = ProcessFailure(local_rank=0, pid=40, exitcode=1, error_file=str(tmp_path / "none.json"))
+    killed = ProcessFailure(local_rank=0, pid=42, exitcode=-9, error_file=str(tmp_path / "none.json"))
+    assert quote(RunResult(WorkerState.FAILED, failures={3: recorded})) == (
+        "rank 3 (local rank 1, pid 41) exited with code 1: FileNotFoundError: no dataset index at /d/x.idx")
+    assert quote(RunResult(WorkerState.FAILED, failures={2: plain})) == "rank 2 (local rank 0, pid 40) exited with code 1"
+    assert quote(RunResult(WorkerState.FAILED, failures={0: killed})) == "rank 0 (local rank 0, pid 42) killed by SIGKILL"
+    assert quote(None) == "" and quote(RunResult(WorkerState.HEALTHY)) == ""
 
 
 def test_the_job_wide_budget_counts_charged_cycles_against_the_limit():

@@ -1,6 +1,8 @@
 """No endless loops, end to end: two eft-run agents (two nodes on loopback) on the session's
 etcd, toy_train.py workers, and a rank that crashes on cue."""
 
+import re
+
 import pytest
 
 from bench.launch import read_jsonl, worker_events
@@ -50,9 +52,12 @@ def test_a_rank_that_crashes_at_the_same_iteration_every_time_ends_the_job_as_no
         own = [line for line in output.splitlines() if not line.startswith("[rank")]  # the workers' are theirs
         assert not [line for line in own if "Traceback" in line], output[-3000:]
         last = output.strip().splitlines()[-1]
-        assert last == ("eft-run: no progress in 3 restart cycles in a row (--eft-max-no-progress-restarts 3): "
-                        "the workers reached iteration 8, the newest checkpoint is iteration 5; "
-                        "ending the job with exit code 3 (do not requeue)"), output[-3000:]
+        # Each node quotes its own workers' last failure: the killed rank, its peer failing in a collective.
+        assert re.fullmatch(r"eft-run: no progress in 3 restart cycles in a row \(--eft-max-no-progress-restarts 3\): "
+                            r"the workers reached iteration 8, the newest checkpoint is iteration 5"
+                            r"(; the workers' last failure: rank [01] \(local rank 0, pid \d+\) "
+                            r"(killed by SIGKILL|exited with code 1))?; "
+                            r"ending the job with exit code 3 \(do not requeue\)", last), output[-3000:]
     # Generation 1 trained from scratch, saved 5 and died at 8; the next three resumed from 5.
     assert generations(tmp_path / "out") == [[0, 5, 5, 5]] * 2
     ended = events_of(etcd, run_keys, EventKind.NO_PROGRESS)
@@ -74,3 +79,21 @@ def test_crashes_that_make_progress_stop_at_the_job_wide_budget_not_per_agent(tm
     assert [(e["restarts"], e["limit"]) for e in ended] == [(3, 2)]
     assert not events_of(etcd, run_keys, EventKind.NO_PROGRESS)
     assert any("more than --eft-max-job-restarts 2 allows" in node.output() for node in nodes)
+
+
+def test_workers_that_die_before_their_first_step_end_the_job_as_no_progress_quoting_their_error(
+        tmp_path, eft_job):
+    """A script that fails two seconds into every start (a missing data file) under
+    --max-restarts 10: each generation reached no step, so each cycle is one without progress;
+    the job ends after 3 of them (4 generations, not 11) with exit code 3 and one line quoting
+    the workers' error."""
+    missing = tmp_path / "data" / "train.idx"
+    node = eft_job("fails_at_start.py", missing, standalone=True, eft_flags=["--max-restarts", "10"])
+    assert node.wait(240) == ExitCode.NO_PROGRESS, node.output()[-3000:]
+    output = node.output()
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("eft-run: no progress in 3 restart cycles in a row (--eft-max-no-progress-restarts 3): "
+                           "the workers reached no iteration, there is no checkpoint; the workers' last failure: "
+                           "rank 0 (local rank 0, pid "), last
+    assert f"exited with code 1: FileNotFoundError: no dataset index at {missing}" in last, last
+    assert output.count("restart cycle of round") == 3, output[-3000:]  # 3 restarts: 4 generations

@@ -150,7 +150,8 @@ class FTElasticAgent(LocalElasticAgent):
             self._ctx.record(EventKind.NODE_JOINED, host=self._ctx.node.record.host, gpus=spec.local_world_size)
             self._ctx.client.outage.on_recovered(lambda seconds, failed: self._ctx.record(
                 EventKind.ETCD_UNAVAILABLE, seconds=round(seconds, 1), failed_requests=failed))
-            self._budget = RestartBudget(self._ctx, self._settings.restarts, spec.max_restarts).start()
+            self._budget = RestartBudget(self._ctx, self._settings.restarts, spec.max_restarts,
+                                         self._settings.hang.section_timeouts()["setup"]).start()
         # Workers inherit the agent's environment (torch copies os.environ).
         ctx = self._ctx
         os.environ.update(self._ckpt.worker_environment(ctx.client if ctx else None, ctx.keys if ctx else None))
@@ -341,7 +342,7 @@ class FTElasticAgent(LocalElasticAgent):
             super()._shutdown(self._pending.stop_signal)
         reason = restart_reason(self._pending, worker_group.state)
         if self._budget is not None:
-            self._budget.before_restart(reason, lambda: self._stop_workers(worker_group))
+            self._budget.before_restart(reason, lambda: self._stop_workers(worker_group), self._failed)
         if self._ctx is not None:
             self._ctx.record(EventKind.RESTART, reason=reason,
                              remaining_restarts=torch_seam.remaining_restarts(self),

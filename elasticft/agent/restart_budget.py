@@ -15,7 +15,13 @@ counted once however many agents restart for it:
 * each judged cycle is compared with the previous one: progress is a newer complete
   checkpoint (disk ``ckpt/latest`` or the memory tier) or workers that got past the
   iteration where the previous cycle died (their heartbeats). ``--eft-max-no-progress-restarts``
-  judged cycles in a row without progress end the job with ``ExitCode.NO_PROGRESS``.
+  judged cycles in a row without progress end the job with ``ExitCode.NO_PROGRESS``, in one
+  line that quotes the workers' last failure;
+* a generation that left no heartbeat and ended within the ``setup`` section's timeout (the
+  job's own bound from a worker's start to its first step) never reached a first step: a
+  cycle that reached nothing (an import error, a missing file, a bad flag: the commonest
+  endless loop). One that lived longer without a heartbeat is a script without eft's hook,
+  whose progress eft cannot see: its cycles are not judged.
 
 ``report_cycle`` is the pure rule; ``RestartBudget`` is the agent's etcd-backed side.
 The first agent to report a verdict records its event; every agent that reports the
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -113,9 +120,10 @@ def report_cycle(record: RestartRecord, cycle: Cycle, limits: Limits) -> Restart
 class JobEnded(Exception):
     """The restart rule ended the job; raised from the agent's restart step."""
 
-    def __init__(self, record: RestartRecord, limits: Limits):
+    def __init__(self, record: RestartRecord, limits: Limits, last_failure: str = ""):
         self.record = record
         self.limits = limits
+        self.last_failure = last_failure  # the workers' last failure, quoted (this node's; "" elsewhere)
         super().__init__(self.describe())
 
     def describe(self) -> str:
@@ -133,9 +141,10 @@ class NoProgress(JobEnded):
             else "the workers reached no iteration"
         newest = f"the newest checkpoint is iteration {mark.checkpoint}" if mark.checkpoint is not None \
             else "there is no checkpoint"
+        quoted = f"; the workers' last failure: {self.last_failure}" if self.last_failure else ""
         return (f"no progress in {self.record.no_progress} restart cycles in a row "
-                f"({flag_name('max_no_progress_restarts')} {self.limits.no_progress}): {reached}, {newest}; "
-                f"ending the job with exit code {int(self.exit_code)} (do not requeue)")
+                f"({flag_name('max_no_progress_restarts')} {self.limits.no_progress}): {reached}, {newest}"
+                f"{quoted}; ending the job with exit code {int(self.exit_code)} (do not requeue)")
 
 
 class BudgetExhausted(JobEnded):
@@ -152,11 +161,13 @@ ENDINGS: dict[Ending, type[JobEnded]] = {Ending.NO_PROGRESS: NoProgress, Ending.
 class RestartBudget:
     """The agent's side: report each restart cycle to ``restarts``, raise the verdict."""
 
-    def __init__(self, ctx: AgentContext, config: RestartConfig, max_restarts: int):
+    def __init__(self, ctx: AgentContext, config: RestartConfig, max_restarts: int, setup_timeout: float = 0.0):
         self._ctx = ctx
         self.limits = Limits(config.job_restarts(max_restarts), config.max_no_progress_restarts)
         self._me = f"{ctx.node.record.host}:{ctx.node.record.pid}"  # as the membership names it
         self._round: int | None = None
+        self._setup_timeout = setup_timeout  # the setup section's bound (0: none): start to first step
+        self._started: float | None = None  # when this round's workers started (monotonic)
 
     def start(self) -> "RestartBudget":
         """A new launch of a run (every agent of the record's launch is gone) gets a fresh budget."""
@@ -176,12 +187,14 @@ class RestartBudget:
         return self
 
     def joined(self, round_: int) -> None:
-        """The rendezvous round this agent's workers now run in."""
+        """The rendezvous round this agent's workers now run in (they start now)."""
         self._round = round_
+        self._started = time.monotonic()
 
-    def before_restart(self, reason: str, stop_workers: Callable[[], None]) -> None:
+    def before_restart(self, reason: str, stop_workers: Callable[[], None], failed: RunResult | None = None) -> None:
         """Report the cycle that ends now; if the job must end instead, ``stop_workers`` (as the
-        restart would have: the hung ranks' stacks first, their signal) and raise ``JobEnded``.
+        restart would have: the hung ranks' stacks first, their signal) and raise ``JobEnded``,
+        quoting ``failed`` (the workers' last failure).
 
         etcd out of reach does not stop a restart: the cycle goes uncounted.
         """
@@ -199,7 +212,7 @@ class RestartBudget:
                      "without progress", cycle.round, reason, after.charged, self.limits.job_restarts,
                      after.no_progress)
             return
-        ended = ENDINGS[after.ended](after, self.limits)
+        ended = ENDINGS[after.ended](after, self.limits, quote(failed))
         log.error("%s", ended)
         if before.ended is None:  # this report decided it: one event for the job
             self._record(after)
@@ -227,10 +240,16 @@ class RestartBudget:
             self._ctx.record(EventKind.RESTART_BUDGET_EXHAUSTED, restarts=record.charged, limit=self.limits.job_restarts)
 
     def _progress_mark(self) -> tuple[ProgressMark, bool]:
-        """This node's view: the newest complete checkpoint and its workers' highest iteration."""
+        """This node's view: the newest complete checkpoint and its workers' highest iteration,
+        and whether that iteration is known (heartbeats, or a generation that ended too soon to
+        have reached a first step)."""
         beats = read_progress(self._ctx.run_dir)
         reached = max((b.iteration for b in beats.values() if b.iteration is not None), default=None)
-        return ProgressMark(self._newest_checkpoint(), reached), bool(beats)
+        return ProgressMark(self._newest_checkpoint(), reached), bool(beats) or self._ended_in_setup()
+
+    def _ended_in_setup(self) -> bool:
+        lived = time.monotonic() - self._started if self._started is not None else None
+        return lived is not None and 0 < self._setup_timeout and lived < self._setup_timeout
 
     def _newest_checkpoint(self) -> int | None:
         client, keys = self._ctx.client, self._ctx.keys
@@ -277,6 +296,20 @@ def failed_result(ended: JobEnded, failed: RunResult | None, worker_group: Worke
     rank = workers[0].global_rank if workers else 0
     return RunResult(state=WorkerState.FAILED,
                      failures={rank: ProcessFailure(local_rank=0, pid=-1, exitcode=1, error_file=error_file)})
+
+
+def quote(failed: RunResult | None) -> str:
+    """The workers' first failure in one line: which rank, how it ended, and the message of
+    its error file (torch's ``@record``) when it wrote one."""
+    if failed is None or not failed.failures:
+        return ""
+    rank, failure = min(failed.failures.items(), key=lambda item: (item[1].timestamp, item[0]))
+    how = (f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exited with code {failure.exitcode}")
+    message = failure.message  # torch gives an error file's record as it is: {"message": ..., "extraInfo": ...}
+    message = str(message.get("message", "")) if isinstance(message, dict) else str(message or "")
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    said = f": {first[:300]}" if first and "pytorch.org/docs" not in first and "received by PID" not in first else ""
+    return f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) {how}{said}"
 
 
 def _parse(current) -> RestartRecord:
