@@ -8,6 +8,7 @@ new dataclass here and one field in ``elasticft.settings.Settings``.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from elasticft.contract.progress import SECTIONS
@@ -30,6 +31,9 @@ from elasticft.sinks import SINK_KINDS, Sink, parse_sinks  # noqa: F401 - re-exp
 # A lease shorter than this expires on a busy host whose keep-alive is a little late:
 # the node would be taken for lost while it is fine. --rdzv-conf lease_ttl obeys it too.
 MIN_LEASE_TTL = 1.0
+# A node id names an etcd key (/eft/<run>/nodes/<node>), files and metric labels: a hostname's
+# characters and the SLURM node names', no '/', no leading '.' or '-'.
+NODE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass
@@ -81,6 +85,9 @@ class FTConfig:
             raise ConfigError(f"{flag_name('peer_probe_timeout')}: expected seconds >= 0, got {self.peer_probe_timeout}")
         if not self.etcd_outage_limit > 0:
             raise ConfigError(f"{flag_name('etcd_outage_limit')}: expected seconds > 0, got {self.etcd_outage_limit}")
+        if self.node_id and not NODE_ID.fullmatch(self.node_id):
+            raise ConfigError(f"{flag_name('node_id')}: expected 1 to 128 letters, digits, '.', '_' or '-', not "
+                              f"starting with '.' or '-' (it names an etcd key and files), got {self.node_id!r}")
 
     @property
     def attribution_window(self) -> float:

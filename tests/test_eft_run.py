@@ -121,6 +121,10 @@ def test_unreachable_endpoint_fails_with_one_line(tmp_path):
         (["--eft-suspect-action", "kick"], "--eft-suspect-action"),
         (["--eft-spike-min-history", "50"], "--eft-spike-min-history"),
         (["--eft-rerun-tolerance", "-1"], "--eft-rerun-tolerance"),
+        # A node id names an etcd key and files: no '/', no spaces, no leading dot.
+        (["--eft-node-id", "rack1/node2"], "--eft-node-id"),
+        (["--eft-node-id", "node 2"], "--eft-node-id"),
+        (["--eft-node-id", ".."], "--eft-node-id"),
     ],
 )
 def test_bad_input_gives_one_clear_line(tmp_path, args, needle):
