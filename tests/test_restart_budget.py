@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -275,10 +276,13 @@ def test_a_new_launch_of_the_run_gets_a_fresh_budget(agent_context, etcd, run_ke
                         ended=Ending.BUDGET, agents=("gone-host:123",))
     etcd.put(run_keys.restarts, old.to_json())
     RestartBudget(agent_context("n0"), RestartConfig(), max_restarts=3).start()
-    assert RestartRecord.from_json(etcd.get(run_keys.restarts).value) == old.for_new_launch()
+    # ... and states its limits (--max-restarts 3, 3 cycles without progress) for viewers.
+    assert RestartRecord.from_json(etcd.get(run_keys.restarts).value) == replace(
+        old.for_new_launch(), job_restarts_limit=3, no_progress_limit=3)
     # A node joining a launch whose agents are alive changes nothing.
     live = agent_context("n1")
-    running = RestartRecord(round=2, charged=1, agents=(f"{live.node.record.host}:{live.node.record.pid}",))
+    running = RestartRecord(round=2, charged=1, agents=(f"{live.node.record.host}:{live.node.record.pid}",),
+                            job_restarts_limit=3, no_progress_limit=3)
     etcd.put(run_keys.restarts, running.to_json())
     RestartBudget(agent_context("n2"), RestartConfig(), max_restarts=3).start()
     assert RestartRecord.from_json(etcd.get(run_keys.restarts).value) == running
@@ -330,3 +334,25 @@ def test_a_bad_restart_variable_names_it(tmp_path):
     result = eft_error(["--standalone", str(WORKERS / "env_probe.py"), str(tmp_path)],
                        env={"EFT_MAX_NO_PROGRESS_RESTARTS": "three"})
     assert_one_line_error(result, "EFT_MAX_NO_PROGRESS_RESTARTS")
+
+
+def test_eft_status_and_top_show_where_the_job_stands_against_its_restart_rules(
+        agent_context, etcd, etcd_server, run_keys):
+    """The first agent states the limits in the record; two crashes at the same place later,
+    an operator sees 2 of 10 restarts charged and 1 of 3 cycles without progress."""
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+
+    ctx = agent_context("n0")
+    budget = RestartBudget(ctx, RestartConfig(max_job_restarts=10, max_no_progress_restarts=3), 100).start()
+    etcd.put(run_keys.ckpt_latest, json.dumps({"iteration": 5, "path": "/ckpt/iter_0000005"}))
+    beat(ctx.run_dir, 8)
+    for round_ in range(2):
+        budget.joined(round_)
+        budget.before_restart(FAILED, lambda: None)
+    for command in (["status"], ["top", "--once"]):
+        result = CliRunner().invoke(app, [*command, "--endpoint", etcd_server.endpoint, "--run-id", run_keys.run_id],
+                                    env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        assert "(2 of 10 charged, 1 of 3 in a row without progress)" in result.output, result.output

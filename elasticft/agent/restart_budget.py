@@ -175,7 +175,11 @@ class RestartBudget:
 
         def fresh_launch(record: RestartRecord) -> RestartRecord:
             stale = record.agents and not set(record.agents) & live
-            return record.for_new_launch() if stale else record
+            record = record.for_new_launch() if stale else record
+            if record.job_restarts_limit is None:  # the first agent of the launch states the limits
+                record = replace(record, job_restarts_limit=self.limits.job_restarts,
+                                 no_progress_limit=self.limits.no_progress)
+            return record
 
         try:
             self._change(fresh_launch)

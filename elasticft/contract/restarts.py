@@ -59,6 +59,10 @@ class RestartRecord:
     mark: ProgressMark | None = None  # the last judged cycle's (kept across launches)
     ended: Ending | None = None
     agents: tuple[str, ...] = field(default=())
+    # The limits in force (--eft-max-job-restarts, --eft-max-no-progress-restarts), as this
+    # launch's first agent stated them: for viewers (eft top, eft status); None: not stated.
+    job_restarts_limit: int | None = None
+    no_progress_limit: int | None = None
 
     def for_new_launch(self) -> "RestartRecord":
         """A fresh budget and no verdict; the no-progress count and mark carry on, so that a
@@ -85,4 +89,10 @@ class RestartRecord:
             mark=None if mark is None else ProgressMark(mark.get("checkpoint"), mark.get("reached")),
             ended=None if ended is None else Ending(ended),
             agents=tuple(str(a) for a in data.get("agents") or ()),
+            job_restarts_limit=_int_or_none(data.get("job_restarts_limit")),
+            no_progress_limit=_int_or_none(data.get("no_progress_limit")),
         )
+
+
+def _int_or_none(value) -> int | None:
+    return None if value is None else int(value)

@@ -51,6 +51,7 @@ class RunMirror:
         self._events: dict[str, Record] = {}  # event name -> record
         self._layout: Record | None = None
         self._started: float | None = None
+        self._restarts: Record | None = None
         self._temperatures: dict[tuple[str, int], deque] = {}
         self._xids: dict[tuple[str, int], set[int]] = {}
         self._watch_error: str | None = None
@@ -71,7 +72,7 @@ class RunMirror:
             listed.extend(items)
             revisions.append(revision)
         singles = []
-        for key in (keys.layout, keys.started):
+        for key in (keys.layout, keys.started, keys.restarts):
             item, revision = self._client.get_with_revision(key)
             revisions.append(revision)
             if item is not None:
@@ -79,7 +80,7 @@ class RunMirror:
         with self._lock:
             old_nodes, old_health = self._nodes, self._health
             self._nodes, self._health, self._ckpt, self._events, self._mem = {}, {}, {}, {}, {}
-            self._layout, self._started = None, None
+            self._layout, self._started, self._restarts = None, None, None
             for item in listed + singles:
                 self._apply(WatchEvent(item.key, item.value, False, item.mod_revision))
             # A node that vanished while the watch was down is judged by the same rule.
@@ -150,6 +151,9 @@ class RunMirror:
         if key == keys.started:
             value = None if event.deleted else _parse(event.value)
             self._started = float(value) if isinstance(value, (int, float)) else None
+            return True
+        if key == keys.restarts:
+            self._restarts = None if event.deleted else Record(_parse(event.value), event.revision)
             return True
         return False
 
@@ -228,6 +232,7 @@ class RunMirror:
             acks = {k[len("ack/"):]: r.value for k, r in self._ckpt.items() if k.startswith("ack/")}
             filtered = {k[len("filtered/"):]: r.value for k, r in self._ckpt.items() if k.startswith("filtered/")}
             latest = self._ckpt.get("latest")
+            restarts = self._restarts.value if self._restarts is not None else None
             return RunState(
                 run_id=self._keys.run_id,
                 nodes=dict(self._nodes),
@@ -238,6 +243,7 @@ class RunMirror:
                 acks={k: v for k, v in acks.items() if isinstance(v, dict)},
                 filtered={k: v for k, v in filtered.items() if isinstance(v, dict)},
                 latest=latest.value if latest is not None and isinstance(latest.value, dict) else None,
+                restarts=restarts if isinstance(restarts, dict) else None,
                 memory_parts=[r.value for r in self._mem.values() if isinstance(r.value, dict)],
                 events=[self._events[name] for name in sorted(self._events)],
                 lost_seen={n: lost for n, lost in self._lost.items() if n not in self._nodes},

@@ -46,6 +46,7 @@ class RunState:
     acks: dict[str, dict] = field(default_factory=dict)  # request id -> ack record
     filtered: dict[str, dict] = field(default_factory=dict)  # request id -> filter record
     latest: dict | None = None
+    restarts: dict | None = None  # the job-wide restart record (contract.restarts.RestartRecord)
     memory_parts: list[dict] = field(default_factory=list)  # the memory tier's index (contract.memory.MemPart)
     events: list[Record] = field(default_factory=list)  # oldest first
     lost_seen: dict[str, LostNode] = field(default_factory=dict)  # only a watching viewer has these

@@ -37,7 +37,22 @@ def header_line(h: Header) -> str:
     nodes = f"{h.live_nodes} node{'s' if h.live_nodes != 1 else ''} up"
     if h.lost_nodes:
         nodes += f", {h.lost_nodes} lost"
-    return f"{nodes} · {layout(h)} · restarts {h.restarts} · up {duration(h.uptime_s)}"
+    return f"{nodes} · {layout(h)} · {restarts(h)} · up {duration(h.uptime_s)}"
+
+
+def restarts(h: Header) -> str:
+    """The restart rounds, and where the job stands against its restart rules (job-wide)."""
+    text = f"restarts {h.restarts}"
+    job = h.job_restarts
+    if job is None:
+        return text
+    rules = f"{job.charged}{'' if job.limit is None else f' of {job.limit}'} charged"
+    if job.no_progress_limit != 0:  # 0: the rule is off
+        rules += f", {job.no_progress}{'' if job.no_progress_limit is None else f' of {job.no_progress_limit}'}" \
+                 " in a row without progress"
+    if job.ended:
+        rules += f", ended: {job.ended}"
+    return f"{text} ({rules})"
 
 
 def temperature(row: GpuRow) -> str:

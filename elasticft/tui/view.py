@@ -94,6 +94,18 @@ class Header:
     uptime_s: float | None
     threshold: float
     watch_error: str | None
+    job_restarts: JobRestarts | None = None  # the job-wide restart record (None: no record yet)
+
+
+@dataclass
+class JobRestarts:
+    """The job-wide restart counts (``restarts``): what the restart rules will end the job at."""
+
+    charged: int  # restart cycles charged this launch
+    limit: int | None  # --eft-max-job-restarts in force
+    no_progress: int  # cycles in a row without progress
+    no_progress_limit: int | None  # --eft-max-no-progress-restarts in force (0: off)
+    ended: str | None  # the verdict that ended the job (no_progress, restart_budget_exhausted)
 
 
 @dataclass
@@ -252,6 +264,16 @@ def _restarts(events: list[tuple[int, dict]]) -> int:
     return max([layouts - 1, 0] + [c for c in counted if isinstance(c, int)])
 
 
+def _job_restarts(record: dict | None) -> JobRestarts | None:
+    if record is None:
+        return None
+    ended = record.get("ended")
+    return JobRestarts(charged=_count(record.get("charged")) or 0, limit=_count(record.get("job_restarts_limit")),
+                       no_progress=_count(record.get("no_progress")) or 0,
+                       no_progress_limit=_count(record.get("no_progress_limit")),
+                       ended=ended if isinstance(ended, str) else None)
+
+
 def _layout_age(state: RunState, events: list[tuple[int, dict]], now: float) -> float | None:
     if state.layout is None:
         return None
@@ -297,6 +319,7 @@ def build_view(state: RunState, now: float, settings: ViewSettings = ViewSetting
         used=layout.get("used"), spare=layout["spare"] if isinstance(layout.get("spare"), list) else [],
         layout_age_s=_layout_age(state, events, now),
         restarts=_restarts(events), uptime_s=_age(now, state.started), threshold=settings.threshold,
+        job_restarts=_job_restarts(state.restarts),
         watch_error=state.watch_error,
     )
     shown = events[-settings.events:] if settings.events > 0 else []
