@@ -12,7 +12,8 @@ import pytest
 from bench.launch import read_jsonl
 from elasticft.goodput.breakdown import breakdown
 
-pytestmark = pytest.mark.slow
+# Longer than the longest wait below (tests/test_waits.py): a late job fails with its own message.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "gpt3"
 ITERS, SAVE_INTERVAL, DEGRADE_AT, LOSE_AT = 24, 10, 12, 14

@@ -21,7 +21,8 @@ from elasticft.contract.events import EventKind
 from elasticft.goodput.breakdown import breakdown
 from elasticft.goodput.simulate import replay
 
-pytestmark = pytest.mark.slow
+# Longer than the longest wait below (tests/test_waits.py): a late job fails with its own message.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(500)]
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",

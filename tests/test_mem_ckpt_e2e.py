@@ -23,7 +23,8 @@ from elasticft.memckpt.index import MemIndex
 from elasticft.store import StoreOptions, connect
 from tests.test_demo import ITERS, assert_same_losses, demo, load  # noqa: F401 - the fixture
 
-pytestmark = pytest.mark.slow
+# Longer than the longest wait below (tests/test_waits.py): a late job fails with its own message.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 LOSE_AT = 14
 

@@ -19,7 +19,8 @@ from elasticft.contract.exit_codes import ExitCode
 from tests.test_demo import demo  # noqa: F401 - the fixture
 from tests.test_gpt3 import events, finish, losses, start
 
-pytestmark = pytest.mark.slow
+# Longer than the longest wait below (tests/test_waits.py): a late job fails with its own message.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(500)]
 
 ITERS = 12
 DP2 = ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1", "--save-interval", "4",

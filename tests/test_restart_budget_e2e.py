@@ -11,7 +11,8 @@ from elasticft.contract.events import EventKind
 from elasticft.contract.exit_codes import ExitCode
 from elasticft.contract.restarts import RestartRecord
 
-pytestmark = pytest.mark.slow
+# Longer than the longest wait below (tests/test_waits.py): a late job fails with its own message.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ import pytest
 from bench.launch import ROOT, wait_for
 from elasticft.contract.exit_codes import ExitCode
 
-pytestmark = pytest.mark.slow
+# Longer than the longest wait below (tests/test_waits.py): a late job fails with its own message.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(500)]
 
 TRAIN = ROOT / "examples" / "slurm" / "train.sbatch"
 ARRAY = ROOT / "examples" / "slurm" / "array.sbatch"

@@ -20,7 +20,8 @@ from bench.launch import Launched, wait_for
 from bench.megatron_lm import ENV, MODEL
 from elasticft.contract.checkpoints import COMPLETE_MARKER, TRACKER, iteration_of
 
-pytestmark = pytest.mark.slow
+# Longer than the longest wait below (tests/test_waits.py): a late job fails with its own message.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 SCRIPT = Path(__file__).with_name("pretrain_gpt.py")
 EFT_RUN = [sys.executable, "-m", "launcher.eft_run", "--standalone", "--nproc-per-node", "2",

@@ -26,7 +26,8 @@ from elasticft.store import EmbeddedEtcd
 from tests.megatron_lm.numbers_log import read
 from tests.megatron_lm.test_megatron_lm_e2e import RESUMED, leftovers
 
-pytestmark = pytest.mark.slow
+# Longer than the longest wait below (tests/test_waits.py): a late job fails with its own message.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SCRIPT = Path(__file__).with_name("pretrain_gpt.py")
 ITERS, LOSE_AT = 15, 12
@@ -68,7 +69,7 @@ def lose_a_node(out: Path, mem_ckpt_interval: int) -> tuple[int, str, int, dict[
                            "--eft-inject", f"node_lost:1@{LOSE_AT}", *script_args(out / "ckpt")],
                           out / f"node{i}.log", env=env) for i in range(2)]
         try:
-            codes = [node.wait(420) for node in nodes]
+            codes = [node.wait(300) for node in nodes]
             logs = [node.output() for node in nodes]
         finally:
             for node in nodes:
