@@ -114,3 +114,13 @@ def test_eft_etcd_refuses_bad_input_in_one_line(args, env, needle):
                           env={**os.environ, **env})
     assert done.returncode == 2 and done.stderr.strip().startswith(f"eft etcd: {needle}"), done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_end_time_slurm_sets_in_the_environment_is_taken_without_asking_the_controller():
+    job = SlurmJob.from_environ({"SLURM_JOB_ID": "7", "SLURM_JOB_END_TIME": "1800000000"})
+
+    def squeue(command):
+        raise AssertionError(f"asked the controller: {command}")
+    assert end_time(job, run=squeue) == 1_800_000_000
+    unset = SlurmJob.from_environ({"SLURM_JOB_ID": "7", "SLURM_JOB_END_TIME": "0"})
+    assert unset.end_time is None and end_time(unset, run=lambda cmd: "NONE\n") is None
