@@ -41,6 +41,10 @@ class RiskConfig:
     risk_checkpoint_time: float = knob(
         120.0, "seconds an emergency checkpoint takes: a GPU due at a limit within this plus 5 minutes triggers"
     )
+    risk_sustain_seconds: float = knob(
+        300.0, "a factor that compares a GPU with its busy peers (clocks, power, utilization drop) and stays "
+        "at 0.75 or more this long counts at weight 1: that strong, that long, is not noise (0: never)"
+    )
     # Each weight is the probability the factor alone gives at full strength (noisy-OR).
     risk_weight_temperature: float = knob(1.0, "weight of the temperature factor (distance to slowdown/shutdown)")
     risk_weight_time_to_limit: float = knob(
@@ -63,6 +67,8 @@ class RiskConfig:
             raise ConfigError(
                 f"{flag_name('risk_threshold')}: expected a number in (0, 1], got {self.risk_threshold}"
             )
+        if not self.risk_sustain_seconds >= 0:
+            raise ConfigError(f"{flag_name('risk_sustain_seconds')}: expected seconds >= 0, got {self.risk_sustain_seconds}")
         if not self.risk_checkpoint_time >= 0:
             raise ConfigError(f"{flag_name('risk_checkpoint_time')}: expected seconds >= 0, got {self.risk_checkpoint_time}")
         weights = self.weights()

@@ -18,7 +18,7 @@ sys.path.insert(0, str(DATA))  # make_fleet imports make_traces by its bare name
 from make_fleet import healthy_fleet
 
 GRADUAL = {"thermal_runaway", "power_oscillation", "ecc_fall_off_bus", "falling_clocks", "memory_leak_oom",
-           "steady_overheat"}
+           "steady_overheat", "power_delivery"}
 MIN_LEAD_S = 300.0
 
 

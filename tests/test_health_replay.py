@@ -23,6 +23,7 @@ FAILING = {  # trace -> the GPU that fails in it
     "power_oscillation.csv": 2,
     "ecc_nvidia_smi.csv": 3,
     "steady_overheat.csv": 3,
+    "power_delivery.csv": 4,
 }
 # make_more_traces.py's traces (and labels), which the risk model is not expected to
 # foresee: test_health_eval.py measures them.
@@ -112,6 +113,8 @@ def test_failing_gpu_triggers_before_the_failure_and_no_other_gpu_does(name):
         assert failing["critical"] is None
     if name == "ecc_fall_off_bus.csv":  # the corrected-error rate, before the uncorrectable one
         assert failing["dominant_factor"] == "errors"
+    if name == "power_delivery.csv":  # the swinging power, held long enough to count alone
+        assert failing["dominant_factor"] == "power"
 
 
 def test_gpus_without_ecc_and_na_fields_give_no_spurious_risk(tmp_path):

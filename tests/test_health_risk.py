@@ -251,6 +251,29 @@ def test_one_strong_symptom_triggers_alone_and_weak_ones_add_up():
     assert set(together.contributions) >= {"power", "utilization_drop", "clocks"}
 
 
+def test_a_strong_symptom_held_for_minutes_counts_alone_and_a_short_one_does_not():
+    """A failing power delivery: power swinging and the GPU stalling beside busy peers. The
+    pair's weights (0.5 each) cap it at 0.75, under the threshold however long it lasts;
+    held for --eft-risk-sustain-seconds each counts at weight 1 and the GPU triggers."""
+    def episode(seconds: float, sustain: float = 300.0):
+        model = RiskModel(RiskConfig(risk_sustain_seconds=sustain))
+        steady(model, gpus=4, count=30, step=30.0)
+        scores = []
+        for i in range(int(seconds // 30) + 1):
+            t = 900 + 30 * i
+            failing = busy(0, t, power_w=150.0 if i % 2 else 700.0, utilization_pct=55.0)
+            scores = model.update([failing] + [busy(g, t) for g in range(1, 4)])
+        return scores
+
+    short = episode(240)[0]
+    assert short.factors["power"] == short.factors["utilization_drop"] == 1.0 and not short.triggered
+    held, *peers = episode(330)
+    assert held.triggered and held.critical is None and held.contributions["power"] == 1.0
+    assert not any(p.triggered for p in peers)
+    never = episode(1800, sustain=0)[0]  # the rule off: the old cap, for half an hour
+    assert not never.triggered and never.score == pytest.approx(0.75)
+
+
 def test_a_job_wide_throttle_is_the_rack_not_a_gpu():
     model = RiskModel()
     steady(model, gpus=4, count=30, step=30.0)

@@ -56,6 +56,7 @@ class GpuHistory:
     corrected: deque = field(init=False)  # (timestamp, count), the baseline window
     last_uncorrected: int | None = None
     armed: bool = True  # the next time the score reaches the threshold is a crossing
+    strong_since: dict = field(default_factory=dict)  # factor -> timestamp it last rose to a sustained level
 
     def __post_init__(self) -> None:
         self.temps = deque(maxlen=self.window)

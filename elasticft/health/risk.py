@@ -11,7 +11,13 @@ it alone, at full strength, means the GPU is failing, and
 
 so one strong symptom can trigger by itself (a GPU at its shutdown temperature, or
 minutes from it at its current rate), weak ones add up (two factors at 0.5 give 0.75),
-and a factor without data contributes nothing instead of diluting the others. A
+and a factor without data contributes nothing instead of diluting the others. A factor
+that compares a GPU with its busy peers (``SUSTAINED_FACTORS``: clocks, power swing,
+utilization drop) and stays strong (``SUSTAINED_LEVEL``) for ``--eft-risk-sustain-seconds``
+counts at weight 1 from then on: one GPU of a synchronous job cannot run that differently
+from its peers for minutes and be healthy (a failing power delivery swings its power and
+stalls it for many minutes before the GPU falls off the bus, and the two weights of 0.5
+cap such a pair at 0.75, under the threshold however long it lasts). A
 critical event — a new uncorrected ECC error, a pending row remap, a critical Xid —
 sets the score to 1.0. Each factor's contribution (weight * factor) is kept in the
 score, so ``eft top`` and the events can say why a GPU is risky.
@@ -31,6 +37,10 @@ from elasticft.health.history import CRITICAL_XIDS, GpuHistory
 from elasticft.health.sample import GpuSample
 
 __all__ = ["CRITICAL_XIDS", "FACTORS", "REARM_FRACTION", "RiskModel", "RiskScore", "crossing"]
+
+# Peer-relative factors whose strength, held for --eft-risk-sustain-seconds, counts at weight 1.
+SUSTAINED_FACTORS = ("clocks", "power", "utilization_drop")
+SUSTAINED_LEVEL = 0.75
 
 # After a crossing a GPU re-arms only once its score falls below this fraction of the
 # threshold, so that a score hovering around the threshold is one crossing, not many.
@@ -152,11 +162,26 @@ class RiskModel:
             scores.append(self._combine(s, factors, critical[s.key] or self.suspects.get(s.node)))
         return scores
 
+    def _sustained(self, s: GpuSample, factors: dict) -> set[str]:
+        """The peer-relative factors of ``s``'s GPU that have stayed strong long enough to count
+        at weight 1 (a factor that weakens, or has no data, starts over)."""
+        since = self.history[s.key].strong_since
+        held = self.config.risk_sustain_seconds
+        for name in SUSTAINED_FACTORS:
+            value = factors.get(name)
+            if value is not None and value >= SUSTAINED_LEVEL:
+                since.setdefault(name, s.timestamp)
+            else:
+                since.pop(name, None)
+        return {name for name, t in since.items() if held > 0 and s.timestamp - t >= held}
+
     def _combine(self, s: GpuSample, factors: dict, critical: str | None) -> RiskScore:
         if critical:
             factors["errors"] = 1.0
+        sustained = self._sustained(s, factors)
         contributions = {
-            k: self.weights[k] * v for k, v in factors.items() if v is not None and v > 0 and self.weights[k] > 0
+            k: (1.0 if k in sustained else self.weights[k]) * v
+            for k, v in factors.items() if v is not None and v > 0 and self.weights[k] > 0
         }
         score = 1.0 if critical else noisy_or(contributions.values())
         dominant = "errors" if critical else (max(contributions, key=contributions.get) if contributions else None)

@@ -15,6 +15,11 @@ Failures:
   the job dies: the trace ends there. The GPU never stops answering, so the trace
   cannot show the failure: memory_leak_oom.csv.labels.json gives it (the time of the
   first round that never came).
+- power_delivery.csv: GPU 4's power delivery fails (a VRM or PSU going): from minute 20 its
+  power swings between a third and nine tenths of its limit from one sample to the next and
+  its utilization sinks from ~98 % toward ~55 % as it stalls, with no throttle reason
+  reported and full clocks while it runs; its temperature barely moves (it runs cooler on
+  the lower average power). At minute 45 it falls off the bus (the failure row, then nothing).
 - sudden_fall_off.csv: GPU 0 is normal until minute 40 and then absent, without a
   row of missing metrics and with no warning at all. sudden_fall_off.csv.labels.json
   marks the failure so that the evaluation counts it — as not caught: nothing in
@@ -86,6 +91,20 @@ class Leak:
         return replace(s, memory_used_mib=round(used)), 0.0
 
 
+def power_delivery(node: Node, gpu, minute: float, s):
+    onset, off_bus = 20.0, 45.0
+    if gpu.index != 4 or minute < onset or node.paused(minute):
+        return s, 0.0
+    if gpu.lost or minute >= off_bus:  # the failure row once, then no more rows
+        failure_row = None if gpu.lost else lost_row(s)
+        gpu.lost = True
+        return failure_row, 0.0
+    sinking = (minute - onset) / (off_bus - onset)  # 0 -> 1 over the 25 minutes
+    power = LIMIT_W * (node.rng.uniform(0.33, 0.45) if node.rng.random() < 0.5 else node.rng.uniform(0.8, 0.9))
+    util = max(0.0, min(100.0, 96.0 - 40.0 * sinking + node.rng.gauss(0, 3)))
+    return replace(s, power_w=round(power, 1), utilization_pct=round(util), throttle_reasons=0), 0.0
+
+
 def sudden_fall_off(node: Node, gpu, minute: float, s):
     if gpu.index == 0 and minute >= 40.0:
         gpu.lost = True
@@ -115,6 +134,10 @@ def main(out: Path) -> None:
     samples = [s for s in node.run(minutes=MINUTES, step_s=STEP_S, fault=leak) if s.timestamp < leak.failed_at]
     write_trace(out / "memory_leak_oom.csv", samples, COLUMNS, [COMMENT, "GPU 7 leaks memory; the job dies of OOM"])
     write_labels(out / "memory_leak_oom.csv.labels.json", leak.failed_at, Leak.gpu, "memory_leak_oom")
+
+    node = Node(seed=10)
+    samples = node.run(minutes=MINUTES, step_s=STEP_S, fault=power_delivery)
+    write_trace(out / "power_delivery.csv", samples, COLUMNS, [COMMENT, "GPU 4: power swings, stalls, off the bus"])
 
     node = Node(seed=8)
     samples = node.run(minutes=MINUTES, step_s=STEP_S, fault=sudden_fall_off)
