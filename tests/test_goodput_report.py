@@ -106,6 +106,10 @@ def test_report_from_a_file_prints_the_table_and_draws_the_timeline(tmp_path):
     assert "Young-Daly for an MTBF of 44 s (observed)" in done.stdout
     picture = (tmp_path / "run.html").read_text()
     assert "<svg" in picture and "n0: training, iterations 8-20" in picture and "n1: lost" in picture
+    # n1 was killed outright: its last generation is drawn from what the survivors saw (it was in
+    # the round and stepping until the failure), not as idle time.
+    assert "n1: training, iterations 1-10" in picture and "n1: no workers of its own" in picture
+    assert picture.count("n1: training") == 1 and "n1: restarting" not in picture
     as_json = json.loads(eft_report("--events", str(log), "--json").stdout)
     assert as_json["goodput"] == pytest.approx(56 / 176) and as_json["iterations_redone"] == 3
     assert as_json["costs"]["restart_seconds"] == 4.0  # what eft simulate --costs reads
