@@ -10,6 +10,7 @@ times, must land within 5 points of the goodput the report measured.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from bench.launch import read_jsonl
 from elasticft.contract.events import EventKind
 from elasticft.goodput.breakdown import breakdown
 from elasticft.goodput.simulate import replay
+from elasticft.worker.progress import STEP_WRITE_INTERVAL
 
 # Longer than the longest wait below (tests/test_waits.py): a late job fails with its own message.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(500)]
@@ -47,17 +49,20 @@ def test_report_matches_the_run_and_the_simulator_replays_it(tmp_path):
     assert [f.iterations_lost for f in report.failures] == [e["redone"] for e in restored]
     # Killed after 8 and after 20, restored from the newest complete saves, 5 and 15: 3 and 5
     # iterations trained again. How far a generation got comes from its heartbeat, which is
-    # written at most every STEP_WRITE_INTERVAL, so it may be one iteration behind the kill.
-    assert [e["iteration"] for e in restored] == [5, 15]
-    assert [lost in (true - 1, true) for lost, true in zip((e["redone"] for e in restored), (3, 5))] == [True] * 2
-    assert [f.cause for f in report.failures] == ["worker failed", "worker failed"]
+    # written at most every STEP_WRITE_INTERVAL: it may be behind the kill by as many iterations
+    # as fit in that interval (this model's take 17-40 ms: up to 3 of them in 50 ms).
     steps = [r for r in read_jsonl(tmp_path / "train.jsonl") if r["event"] == "iteration"]
+    lag = max(1, math.ceil(STEP_WRITE_INTERVAL / min(r["seconds"] for r in steps)))
+    assert [e["iteration"] for e in restored] == [5, 15]
+    redone = [e["redone"] for e in restored]
+    assert [true - lag <= lost <= true for lost, true in zip(redone, (3, 5))] == [True] * 2, (redone, lag)
+    assert [f.cause for f in report.failures] == ["worker failed", "worker failed"]
     assert max(r["iteration"] for r in steps) == 30 and report.generations[-1].iteration == 30
     assert sum(report.seconds.values()) == pytest.approx(report.paid, rel=1e-9)
     # The steps the report calls productive or re-done are the steps the log shows, in number;
-    # a killed generation's last heartbeat may miss its last step (see above): one per failure.
+    # a killed generation's last heartbeat may miss its last steps (see above): up to lag a failure.
     counted = sum(g.steps + 1 for g in report.generations)
-    assert len(steps) - len(report.failures) <= counted <= len(steps)
+    assert len(steps) - lag * len(report.failures) <= counted <= len(steps)
     assert report.finished and report.seconds["rework"] > 0 and report.seconds["detection"] > 0
 
     # The simulator, given this run's costs and failure times, over the same window.
