@@ -58,7 +58,7 @@ class MegatronLoop:
         self._grad_norm: float | None = None
         self._saved: int | None = None  # the iteration eft's vote just saved (no second save of it)
         self._saving = False  # inside a save the vote asked for (the hook timed it already)
-        self._decided: int | None = None  # the last iteration the loop decided on (the step after it runs now)
+        self._decided: int | None = None  # the iteration just decided on, until the next step's first micro batch
         self.work = StepWork()  # this rank's own work in the step in progress
 
     def attach(self) -> "MegatronLoop":
@@ -91,8 +91,9 @@ class MegatronLoop:
         def timed(*args, **kwargs):
             if self.hook is None:  # evaluation before the loop, or plain torchrun
                 return original(*args, **kwargs)
-            if self._decided is not None:  # --eft-inject rank_hung: mid-step, in its forward or backward
-                self.injector.in_step(self._decided)
+            if self._decided is not None:  # --eft-inject rank_hung: mid-step, once a step (its first micro batch)
+                decided, self._decided = self._decided, None
+                self.injector.in_step(decided)
             with self.work.block():
                 return original(*args, **kwargs)
         return timed
