@@ -27,6 +27,7 @@ from elasticft.config import (
     WatchdogConfig,
 )
 from elasticft.knobs import add_arguments, from_args
+from elasticft.slurm_config import SlurmConfig
 
 
 def _concern(cls: type, title: str) -> object:
@@ -54,6 +55,7 @@ class Settings:
     megatron_lm: MegatronLMConfig = _concern(MegatronLMConfig, "eft inside Megatron-LM's training loop")
     housekeeping: HousekeepingConfig = _concern(
         HousekeepingConfig, "eft etcd housekeeping (history compaction, the events bound)")
+    slurm: SlurmConfig = _concern(SlurmConfig, "eft under SLURM (the job's time limit, asked once)")
 
     @classmethod
     def add_arguments(cls, parser) -> None:

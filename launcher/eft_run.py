@@ -124,6 +124,14 @@ def _etcd_target(args, rdzv_conf: dict[str, str]) -> tuple[EtcdTarget, float | N
     return EtcdTarget(options.store, RunKeys(args.rdzv_id, options.key_prefix), _attempt(args)), options.lease_ttl
 
 
+def run_target(args) -> EtcdTarget | None:
+    """The etcd run these parsed eft-run arguments name, as eft-run resolves it (SLURM's defaults
+    applied first); None without one: another backend, or an embedded etcd not started yet."""
+    if args.standalone or args.rdzv_backend != "etcd-v3" or not args.rdzv_endpoint:
+        return None
+    return _etcd_target(args, _check_torchrun_args(args))[0]
+
+
 def _attempt(args) -> str:
     """This launch's identity (NodeRecord.attempt): the SLURM job attempt; under torchrun's
     default run id 'none', a digest of the command (nodes of one job run it alike, a second
@@ -147,7 +155,7 @@ def _setup_logging(level: str) -> None:
 
 def run(args, settings: Settings) -> ExitCode:
     """Launch; the exit status of a launch that ended without an exception."""
-    apply_slurm(args, settings)
+    apply_slurm(args, settings, lambda: run_target(args))  # the etcd its agents share the time limit through
     rdzv_conf = _check_torchrun_args(args)
     _check_memory_tier(args, settings)
     # Workers inherit the launcher's environment: eft's boot directory for a Megatron-LM script.

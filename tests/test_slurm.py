@@ -4,13 +4,14 @@ the job's output and SLURM's own record of the job."""
 
 import os
 import re
+import shutil
 import signal
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from bench.launch import ROOT, wait_for
+from bench.launch import ROOT, wait_for, worker_events
 from elasticft.contract.exit_codes import ExitCode
 
 # Longer than the longest wait below (tests/test_waits.py): a late job fails with its own message.
@@ -19,6 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(500)]
 TRAIN = ROOT / "examples" / "slurm" / "train.sbatch"
 ARRAY = ROOT / "examples" / "slurm" / "array.sbatch"
 LOOP = ROOT / "examples" / "minimal_train.py"
+TOY = ROOT / "tests" / "workers" / "toy_train.py"  # the loop that runs --eft-inject's faults
 # Under SLURM's KillWait (10 s on the test cluster): a SIGTERM save must end before SIGKILL.
 GRACE = ("--eft-shutdown-grace", "8")
 
@@ -63,9 +65,9 @@ def test_usr1_to_the_batch_shell_saves_stops_with_4_and_the_requeued_attempt_res
     done = slurm_cluster.wait(job, until=lambda j: j["JobState"] == "COMPLETED", timeout=240)
     log = text(out)
     stopped = int(re.search(r"stopped at step (\d+): signal", log).group(1))
-    assert f"eft-run exit status {int(ExitCode.REQUEUE)} (attempt 0)" in log, log[-3000:]
+    assert f"job exit status {int(ExitCode.REQUEUE)} (attempt 0," in log, log[-3000:]
     assert started_at(out) == [(2, 0), (2, stopped)]  # the requeued attempt resumed where the save was
-    assert "eft-run exit status 0 (attempt 1)" in log and latest(ckpt) == 700
+    assert "job exit status 0 (attempt 1," in log and latest(ckpt) == 700
     assert done["Restarts"] == "1" and done["ExitCode"] == "0:0"
     # each attempt its own run id, derived from the job without a flag
     assert f"--rdzv-id slurm-{job}-r0, --nnodes 2" in log and f"--rdzv-id slurm-{job}-r1, --nnodes 2" in log
@@ -168,17 +170,62 @@ def test_workers_see_their_own_rank_in_slurms_variables(slurm_cluster, tmp_path)
         assert "SLURM_GTIDS" not in env and env["SLURM_JOB_ID"] == job
 
 
-def test_a_lost_node_leaves_the_other_training_at_the_new_size(slurm_cluster, tmp_path):
+def test_a_lost_node_leaves_the_other_training_at_the_new_size_and_the_finished_job_exits_0(
+        slurm_cluster, tmp_path):
+    """srun exits with its tasks' highest status: 137 for the killed one. The job exits with
+    the training's outcome, recorded in etcd by the survivor that ran rank 0 to the end: 0.
+    And the time limit was asked of squeue by one of the two agents, not by both."""
     ckpt = tmp_path / "ckpt"
-    job, out = submit_train(slurm_cluster, tmp_path, "--nnodes", "1:2", *loop(ckpt, 600))
+    questions = counting_squeue(tmp_path)
+    job, out = submit_train(slurm_cluster, tmp_path, "--nnodes", "1:2", *loop(ckpt, 600),
+                            export=f"ALL,PATH={questions.parent}:{os.environ['PATH']}")
     wait_for(lambda: saves(out), 120, "the first save")
     killed = kill_node(job, "n2")
     assert killed, "no process of the job on n2"
-    slurm_cluster.wait(job, timeout=240)
+    done = slurm_cluster.wait(job, timeout=240)
     starts = started_at(out)
     assert starts[0] == (2, 0) and starts[-1][0] == 1, text(out)[-3000:]
     assert starts[-1][1] == saves(out, attempt=0)[-1]  # the survivor resumed from the newest checkpoint
     assert latest(ckpt) == 600
+    assert (done["JobState"], done["ExitCode"]) == ("COMPLETED", "0:0"), text(out)[-3000:]
+    assert job_status_line(out) == (0, 137)  # srun's: the killed task's
+    assert len(questions.read_text().splitlines()) == 1, questions.read_text()
+
+
+def test_a_job_without_progress_exits_3_though_a_lost_node_made_srun_say_otherwise(slurm_cluster, tmp_path):
+    """Rank 1 dies at iteration 8 after every restart (the newest checkpoint is 5) and a
+    node's task is killed on the way: the survivor's restart rule ends the job for no
+    progress, and the job exits 3 (a person must look), not srun's status, and never 0."""
+    (tmp_path / "out").mkdir()
+    job, out = submit_train(slurm_cluster, tmp_path, "--nnodes", "1:2", "--nproc-per-node", "2",
+                            "--max-restarts", "20", "--eft-inject", "rank_killed:1@8*", str(TOY), tmp_path / "out",
+                            "--ckpt", tmp_path / "ckpt", "--iters", "100000", "--save-interval", "5")
+    wait_for(lambda: worker_events(tmp_path / "out", "resume"), 120, "the first start")
+    assert kill_node(job, "n2"), "no process of the job on n2"
+    done = slurm_cluster.wait(job, timeout=300)
+    log = text(out)
+    assert "no progress in 3 restart cycles in a row" in log, log[-3000:]
+    assert worker_events(tmp_path / "out", "resume")[-1]["world_size"] == 2  # the survivor alone
+    assert (done["ExitCode"], done["Restarts"]) == (f"{int(ExitCode.NO_PROGRESS)}:0", "0"), log[-3000:]
+    assert job_status_line(out) == (int(ExitCode.NO_PROGRESS), 137)  # srun's: the killed task's
+
+
+def job_status_line(out: Path) -> tuple[int, int]:
+    """(the job's exit status, srun's) from train.sbatch's last line."""
+    found = re.findall(r"^job exit status (\d+) \(attempt \d+, srun's status (\d+)\)$", text(out), re.M)
+    assert found, text(out)[-3000:]
+    return int(found[-1][0]), int(found[-1][1])
+
+
+def counting_squeue(tmp_path: Path) -> Path:
+    """A ``squeue`` first on the job's PATH that notes each call in the file returned, then runs SLURM's."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "bin" / "squeue-calls"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "squeue"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {shutil.which("squeue")} "$@"\n')
+    wrapper.chmod(0o755)
+    calls.touch()
+    return calls
 
 
 def kill_node(job: str, node: str) -> list[int]:

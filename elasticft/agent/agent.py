@@ -68,6 +68,7 @@ from elasticft.agent.memory import MemoryService
 from elasticft.agent.numerics import NumericsWatch
 from elasticft.agent.observe import Observer
 from elasticft.agent.orphans import end_sessions, workers_die_with_agent
+from elasticft.agent.outcome import record_outcome
 from elasticft.agent.replan import RoundPlanner
 from elasticft.agent.restart_budget import BudgetExhausted, RestartBudget, failed_result
 from elasticft.agent.segments import StopRecorder
@@ -189,6 +190,7 @@ class FTElasticAgent(LocalElasticAgent):
             self._hangs.close()
         self._record_job_end(clean, stopped_by)
         self.stop_reason = next((r.stop_reason for r in read_progress(self._run_dir).values() if r.stop_reason), None)
+        record_outcome(self._ctx, self.get_worker_group(), clean and not self._excluded, self.stop_reason)
         self._ckpt.close()
         if self._ctx is not None:
             if clean:

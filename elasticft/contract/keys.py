@@ -100,6 +100,21 @@ class RunKeys:
         return self.root + "restarts"
 
     @property
+    def outcome(self) -> str:
+        """How the job ended (``contract.outcome.JobOutcome``), written once per attempt by the
+        agent that decides it; ``eft outcome`` turns it into the batch job's exit status."""
+        return self.root + "outcome"
+
+    def slurm_end_time(self, attempt: str) -> str:
+        """SLURM attempt ``attempt``'s time limit (``contract.end_time.SharedEndTime``), as the one
+        agent that asked squeue found it: the others read it instead of asking."""
+        return f"{self.root}slurm/{attempt}/end-time"
+
+    def slurm_end_time_asker(self, attempt: str) -> str:
+        """Created once (if absent) by the agent that asks squeue for attempt ``attempt``'s end."""
+        return f"{self.root}slurm/{attempt}/end-time-asker"
+
+    @property
     def started(self) -> str:
         """When the run started (unix seconds), written once by the first agent."""
         return self.root + "started"
