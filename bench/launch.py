@@ -109,6 +109,15 @@ class Launched:
         self._log.close()
 
 
+# What an agent that crashed in gRPC's C core, or called into a closed channel, leaves in its log.
+CRASH_SIGNS = ("Fatal Python error", "Segmentation fault", "Cannot invoke RPC on closed channel")
+
+
+def shutdown_crash(log_text: str) -> str | None:
+    """The first crash sign in an agent's log, or None."""
+    return next((sign for sign in CRASH_SIGNS if sign in log_text), None)
+
+
 def agent_of(worker_pid: int) -> int:
     """The pid of the launcher (agent) that started worker ``worker_pid``."""
     return psutil.Process(worker_pid).ppid()

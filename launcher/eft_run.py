@@ -16,6 +16,7 @@ variable behaves identically. The launch itself is torchrun's too
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import functools
 import hashlib
 import json
@@ -240,6 +241,7 @@ def _prepare_run(target: EtcdTarget, settings: Settings) -> None:
 
 @record
 def main(argv: list[str] | None = None) -> None:
+    faulthandler.enable()  # an agent that crashes in native code (gRPC, gloo) says where, in its log
     try:
         parser = build_parser()
     except ConfigError as exc:  # a malformed EFT_* variable

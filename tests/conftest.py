@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.launch import WORKERS, Launched, eft_run, rdzv_command
+from bench.launch import WORKERS, Launched, eft_run, rdzv_command, shutdown_crash
 from elasticft.agent.context import AgentContext
 from elasticft.agent.events import EventLog
 from elasticft.contract.keys import RunKeys
@@ -88,8 +88,16 @@ def eft_job(request, tmp_path, run_keys):
         return node
 
     yield start
+    crashed = []
     for node in started:
+        ended_alone = node.proc.poll() is not None
         node.stop()
+        sign = shutdown_crash(node.log_path.read_text(errors="replace")) if ended_alone else None
+        if sign:
+            crashed.append(f"{node.log_path.name}: {sign}")
+    # every way an agent ends (done, failed, SIGTERM, excluded, fenced then ended) closes
+    # its etcd client with its services' threads still about: none may crash it in gRPC
+    assert not crashed, f"an agent crashed on its way out: {crashed}"
 
 
 # A forked child inherits the parent's memory but none of its threads: a lock one of them

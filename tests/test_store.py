@@ -1,11 +1,15 @@
 """The etcd layer against a real etcd: CAS, leases, watches, the c10d store."""
 
 import pickle
+import subprocess
+import sys
 import threading
 import uuid
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from types import SimpleNamespace
 
+import grpc
 import pytest
 import torch.distributed as dist
 
@@ -13,7 +17,7 @@ from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord
 from elasticft.rendezvous.blob import EtcdRendezvousBackend
 from elasticft.rendezvous.membership import Membership, NodeLease
-from elasticft.store import EmbeddedEtcd, StoreOptions, StoreUnavailable, connect
+from elasticft.store import EmbeddedEtcd, StoreOptions, StoreUnavailable, connect, pyetcd_seam
 from elasticft.store.c10d_store import EtcdStore
 
 
@@ -132,3 +136,27 @@ def test_unreachable_etcd_is_reported_with_its_endpoint():
         endpoint = server.endpoint
     with pytest.raises(StoreUnavailable, match=endpoint):
         connect(StoreOptions(endpoint, timeout=1))
+
+
+def test_closing_a_client_under_requests_watches_and_callbacks_refuses_them_and_crashes_nothing(etcd_server):
+    # an agent ends with its services' threads mid-request; before the gate, a request
+    # racing the close reached the closed channel (ValueError from gRPC, or a segfault)
+    script = Path(__file__).with_name("store_close_race.py")
+    done = subprocess.run([sys.executable, str(script), etcd_server.endpoint, "10"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_the_pyetcd_names_eft_relies_on_are_there(etcd):
+    # elasticft/store/pyetcd_seam.py: pyetcd's mapping of a gRPC error, which fails an endpoint over
+    class Unavailable(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self):
+            return "connection refused"
+
+    library = etcd._etcd
+    with pytest.raises(Exception) as raised:
+        pyetcd_seam.manage_grpc_errors(library, Unavailable())
+    assert type(raised.value).__name__ == "ConnectionFailedError"

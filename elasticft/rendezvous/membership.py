@@ -23,6 +23,7 @@ from elasticft.contract.records import (
     store_node_record,
 )
 from elasticft.store import EtcdClient, Lease, StoreError, WatchEvent
+from elasticft.store.errors import StoreClosed
 from elasticft.store.outage import is_unavailable
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,8 @@ class Membership:
             while not self._closed:
                 try:
                     self._subscribe()
+                    return
+                except StoreClosed:  # the agent is shutting down: nothing left to mirror
                     return
                 except StoreError as err:  # etcd away: its Outage says so, once
                     log.log(logging.DEBUG if is_unavailable(err) else logging.WARNING, "resubscribe failed: %s", err)

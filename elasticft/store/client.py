@@ -18,18 +18,25 @@ from pyetcd import exceptions as etcd_exceptions
 from pyetcd.events import DeleteEvent
 
 from elasticft.store.auth import TokenRenewal
-from elasticft.store.errors import StoreError, StoreUnavailable, TokenExpired, error_of, one_line, watch_error
+from elasticft.store.call_gate import CallGate
+from elasticft.store.errors import (
+    StoreClosed,
+    StoreError,
+    StoreUnavailable,
+    TokenExpired,
+    error_of,
+    one_line,
+    watch_error,
+)
 from elasticft.store.lease import Lease, LeaseKeeper
 from elasticft.store.options import CHANNEL_OPTIONS, FAILED_ENDPOINT_RETRY, StoreOptions
 from elasticft.store.outage import Outage, outage_of
 from elasticft.store.tls import tls_error_behind
+from elasticft.store.transactions import MAX_TXN_OPS, Transactions, prefix_end  # noqa: F401 - MAX_TXN_OPS re-exported
 from elasticft.store.records import KeyValue, StoreStatus, WatchEvent
 
 log = logging.getLogger(__name__)
 
-
-# etcd refuses a transaction of more operations than its --max-txn-ops (128 by default).
-MAX_TXN_OPS = 128
 
 _UNAVAILABLE = (
     etcd_exceptions.ConnectionFailedError,
@@ -42,7 +49,7 @@ OnEvents = Callable[[list[WatchEvent]], None]  # a watch's changes, from a libra
 OnError = Callable[[Exception], None]  # why a watch ended (a StoreError)
 
 
-class EtcdClient:
+class EtcdClient(Transactions):
     def __init__(self, options: StoreOptions, probe: bool = False):
         self.options = options
         # shared by this process's clients of the same etcd; a probe (is etcd up yet?) reports nothing
@@ -75,6 +82,7 @@ class EtcdClient:
         if not secure:  # gRPC fails calls with call credentials on a plain channel; the token
             self._etcd.call_credentials = None  # still travels as metadata, as etcdctl's does
         self._keeper = LeaseKeeper(self)
+        self._gate = CallGate(f"etcd at {options.endpoints}")
 
     def _call(self, fn, answered: bool = True):
         """``fn(library client)`` with errors as StoreError; ``answered``: its return means
@@ -84,6 +92,10 @@ class EtcdClient:
         once (the library marked the dead one failed): one dead member of three must cost no
         request, and no agent starting meanwhile, anything. A token that a restarted etcd
         forgot is renewed once (auth.py)."""
+        with self._gate.call():  # refused once closed; close() outwaits it
+            return self._call_members(fn, answered)
+
+    def _call_members(self, fn, answered: bool):
         tries, renewed = self._members, False
         while tries:
             tries -= 1
@@ -101,6 +113,8 @@ class EtcdClient:
                 renewed, tries = True, tries + 1
                 continue
             except ValueError as exc:
+                if "closed channel" in str(exc):  # gRPC's words; the gate keeps eft's own calls off one
+                    raise StoreClosed(f"etcd at {self.options.endpoints}: client closed") from exc
                 if "failed node" not in str(exc):  # pyetcd: "Trying to use a failed node"
                     raise
                 failure = exc
@@ -208,112 +222,6 @@ class EtcdClient:
         response = self._call(lambda c: c.put(key, value, lease=lease.id if lease else None))
         return response.header.revision
 
-    def put_and_delete(self, key: str, value: bytes | str, lease: Lease | None, delete: list[str]) -> int:
-        """Put ``key`` and delete the keys in ``delete``, atomically (one request); the revision."""
-
-        def txn(c):
-            _, responses = c.transaction(
-                compare=[],
-                success=[c.transactions.put(key, value, lease.id if lease else None)]
-                + [c.transactions.delete(k) for k in delete],
-                failure=[],
-            )
-            return responses[0].response_put.header.revision
-
-        return self._call(txn)
-
-    def create(self, key: str, value: bytes | str, lease: Lease | None = None, delete: tuple[str, ...] = ()) -> bool:
-        """Write ``key`` only if it does not exist (then also delete the keys in ``delete``,
-        in the same transaction); True if this call created it."""
-
-        def txn(c):
-            ok, _ = c.transaction(
-                compare=[c.transactions.create(key) == 0],
-                success=[c.transactions.put(key, value, lease.id if lease else None)]
-                + [c.transactions.delete(k) for k in delete],
-                failure=[],
-            )
-            return ok
-
-        return self._call(txn)
-
-    def compare_and_swap(
-        self, key: str, expected_revision: int | None, value: bytes | str
-    ) -> tuple[bool, KeyValue | None]:
-        """Put ``value`` if the key's mod_revision is ``expected_revision`` (None: absent).
-
-        Returns (swapped, current): on success ``current`` is the new key-value; on
-        failure it is what the key holds now, so the caller can retry from it.
-        """
-
-        def txn(c):
-            if expected_revision is None:
-                compare = [c.transactions.create(key) == 0]
-            else:
-                compare = [c.transactions.mod(key) == expected_revision]
-            ok, responses = c.transaction(
-                compare=compare,
-                success=[c.transactions.put(key, value), c.transactions.get(key)],
-                failure=[c.transactions.get(key)],
-            )
-            ranges = [r for r in responses if isinstance(r, list)]
-            items = ranges[-1] if ranges else []
-            if not items:
-                return ok, None
-            v, meta = items[0]
-            return ok, KeyValue(key, v, meta.mod_revision, meta.lease_id)
-
-        return self._call(txn)
-
-    def update(self, key: str, change: Callable[[bytes | None], bytes | str]) -> bytes | str:
-        """Read-modify-write ``key`` atomically: ``change(current value or None)`` is written
-        with a compare-and-swap, retried from what the key holds after a lost race."""
-        current = self.get(key)
-        while True:
-            value = change(current.value if current is not None else None)
-            swapped, now = self.compare_and_swap(key, current.mod_revision if current is not None else None, value)
-            if swapped:
-                return value
-            current = now
-
-    def put_many(self, items: list[tuple[str, bytes | str]]) -> None:
-        """Write every (key, value), in transactions of at most MAX_TXN_OPS puts, in order."""
-        for start in range(0, len(items), MAX_TXN_OPS):
-            batch = items[start:start + MAX_TXN_OPS]
-            self._call(
-                lambda c, batch=batch: c.transaction(
-                    compare=[], success=[c.transactions.put(k, v) for k, v in batch], failure=[]
-                )
-            )
-
-    def delete_if_unchanged(self, key: str, mod_revision: int) -> bool:
-        """Delete ``key`` only if its mod_revision is still ``mod_revision``; True if this call deleted it."""
-        return self.delete_if_unchanged_with(key, mod_revision)
-
-    def delete_if_unchanged_with(self, key: str, mod_revision: int, prefixes: tuple[str, ...] = (),
-                                 keys: tuple[str, ...] = ()) -> bool:
-        """Delete ``key``, every key under ``prefixes`` and ``keys``, in one transaction, only
-        if ``key``'s mod_revision is still ``mod_revision``; True if this call deleted them."""
-
-        def txn(c):
-            ok, _ = c.transaction(
-                compare=[c.transactions.mod(key) == mod_revision],
-                success=[c.transactions.delete(key)]
-                + [c.transactions.delete(p, range_end=prefix_end(p)) for p in prefixes]
-                + [c.transactions.delete(k) for k in keys],
-                failure=[],
-            )
-            return ok
-
-        return self._call(txn)
-
-    def delete_keys(self, keys: list[str]) -> None:
-        """Delete every key in ``keys``, in transactions of at most MAX_TXN_OPS deletes."""
-        for start in range(0, len(keys), MAX_TXN_OPS):
-            batch = keys[start:start + MAX_TXN_OPS]
-            self._call(lambda c, batch=batch: c.transaction(
-                compare=[], success=[c.transactions.delete(k) for k in batch], failure=[]))
-
     def compact(self, revision: int) -> None:
         """Drop etcd's history before ``revision`` (every key's, every run's: compaction is
         cluster-wide); reads and watches at ``revision`` or later still work."""
@@ -363,19 +271,27 @@ class EtcdClient:
             lambda c: c.add_watch_callback(start, callback, range_end=end, start_revision=start_revision),
             answered=False,
         )
-        return lambda: self._call(lambda c: c.cancel_watch(watch_id), answered=False)
+        def cancel() -> None:
+            if not self._gate.closed:  # a closed client's watches ended with its channel
+                self._call(lambda c: c.cancel_watch(watch_id), answered=False)
+
+        return cancel
 
     def close(self) -> None:
+        """Refuse new requests, outwait those in flight, then close the channel (which ends the
+        watch stream: watchers hear an error, and any retry of theirs is refused). If a request
+        is still in flight after the request timeout, the channel is left open until the
+        process ends: closing it under a call is what crashes gRPC (``call_gate.py``)."""
+        if self._gate.closed:
+            return
         self._keeper.stop()
+        if not self._gate.close(self.options.timeout + 1.0):
+            log.warning("etcd client left open: a request is still in flight after %g s", self.options.timeout)
+            return
         try:
             self._etcd.close()
         except Exception:  # closing a broken channel must not hide the real error
             pass
-
-
-def prefix_end(prefix: str) -> str:
-    """The first key after every key under ``prefix`` (etcd's range end for a prefix)."""
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def connect(options: StoreOptions, check: bool = True, probe: bool = False) -> EtcdClient:

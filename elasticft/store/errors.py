@@ -11,6 +11,10 @@ class StoreUnavailable(StoreError):
     """etcd could not be reached at the configured endpoint."""
 
 
+class StoreClosed(StoreError):
+    """A request on a client already closed (its owner is shutting down): never sent."""
+
+
 class LeaseNotFound(StoreError):
     """A write under a lease that etcd let expire (the writer was frozen, or cut off from etcd)."""
 

@@ -15,6 +15,7 @@ import time
 import grpc
 from pyetcd import etcdrpc
 
+from elasticft.store import pyetcd_seam
 from elasticft.store.errors import StoreError
 from elasticft.store.outage import is_unavailable
 
@@ -77,7 +78,7 @@ def _keep_alive(c, ids: list[int], timeout: float | None = None) -> dict[int, in
                                              metadata=c.metadata)
         return {answer.ID: answer.TTL for answer in answers}
     except grpc.RpcError as exc:
-        c._manage_grpc_errors(exc)  # pyetcd's own mapping: fails the endpoint over, raises its error
+        pyetcd_seam.manage_grpc_errors(c, exc)  # pyetcd's own mapping: fails the endpoint over, raises its error
         raise
 
 

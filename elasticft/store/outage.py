@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Callable, TypeVar
 
-from elasticft.store.errors import StoreError, StoreUnavailable
+from elasticft.store.errors import StoreClosed, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -130,5 +130,6 @@ def through_outage(attempt: Callable[[], T], limit: float, what: str) -> T:
 
 
 def is_unavailable(exc: StoreError) -> bool:
-    """An error that only says etcd is out of reach (the Outage has said so already)."""
-    return isinstance(exc, StoreUnavailable)
+    """An error that says nothing new: etcd is out of reach (the Outage has said so already),
+    or the client was closed (its owner is shutting down)."""
+    return isinstance(exc, (StoreUnavailable, StoreClosed))

@@ -22,6 +22,7 @@ from collections import deque
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord, apply_node_events
 from elasticft.store import EtcdClient, StoreError, WatchEvent
+from elasticft.store.errors import StoreClosed
 from elasticft.tui.state import LostNode, Record, RunState
 
 log = logging.getLogger(__name__)
@@ -218,6 +219,8 @@ class RunMirror:
                     self._watch_error = None
                     self._resubscribing = False
                 self.changed.set()
+                return
+            except StoreClosed:  # eft top is ending
                 return
             except StoreError as exc:
                 with self._lock:
