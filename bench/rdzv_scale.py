@@ -9,6 +9,7 @@ are capped (``--cap``, default 60 s): past it the row says "no round within 60 s
   python bench/rdzv_scale.py [--sizes 8,16,64] [--designs keys,blob,c10d]
   python bench/rdzv_scale.py --sizes 256,1024,2048 --designs keys
   python bench/rdzv_scale.py --real 2,8,32      # real agents with workers vs torchrun c10d
+  python bench/rdzv_scale.py --agents 1024,2048  # each node's leases and watches, two vs one
 """
 
 from __future__ import annotations
@@ -80,6 +81,30 @@ def real(sizes: list[int]) -> None:
     print(table(["agents", "torchrun c10d", "eft-run etcd-v3", "eft/torchrun"], rows))
 
 
+def agents(sizes: list[int], per_process: int, lease_ttl: float, idle: float) -> None:
+    """eft's agents' etcd footprint (rdzv_agents.py): two leases and member watches per node
+    (the design before) vs one of each (shared), same etcd, same run."""
+    from rdzv_agents import DESIGNS, measure
+
+    headers = ["design", "N", "leases", "watches", "keep-alives/min", "requests/min", "events per loss",
+               "loss seen s"]
+    rows = []
+    with EmbeddedEtcd() as etcd:
+        for n in sizes:
+            for design in DESIGNS:
+                r = measure(design, n, etcd.endpoint, lease_ttl=lease_ttl, per_process=per_process, idle=idle)
+                rows.append([r.design, r.nodes, r.error] + [""] * 6 if r.error else
+                            [r.design, r.nodes, r.leases, r.watchers, r.keepalives_per_min, r.requests_per_min,
+                             r.events_per_loss, r.seen_loss_s])
+                print("  ".join(str(c) for c in rows[-1]), flush=True)
+    print()
+    print(f"N simulated eft agents (record, membership watch, rendezvous; threads, {per_process} per process), "
+          f"one etcd, lease TTL {lease_ttl:g} s; idle over {idle:g} s; one node then dies (its lease revoked)")
+    print("two: a lease for the record and one for the rendezvous keys, a watch on nodes/ and one on the "
+          "round's participants; shared: one of each (issue 35)")
+    print(table(headers, rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="8,16,64")
@@ -91,7 +116,11 @@ def main() -> None:
     parser.add_argument("--lease-ttl", type=float, default=3.0,
                         help="the agents' lease TTL (eft's default 3 s; keep-alives every TTL/3)")
     parser.add_argument("--real", default="", help="agent counts for real runs with workers (e.g. 2,8,32)")
+    parser.add_argument("--agents", default="", help="node counts for the agents' lease and watch footprint")
     args = parser.parse_args()
+    if args.agents:
+        agents([int(s) for s in args.agents.split(",")], args.agents_per_process, args.lease_ttl, args.idle)
+        return
     if args.real:
         real([int(s) for s in args.real.split(",")])
         return

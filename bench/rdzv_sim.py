@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from torch.distributed.elastic.rendezvous import (
@@ -47,12 +48,19 @@ class EtcdCounters:
                               ("received_bytes", "requests", "cpu_seconds", "db_bytes", "revision")))
 
 
-def read_counters(endpoint: str, client) -> EtcdCounters:
+def metric_totals(endpoint: str) -> Callable[[str], float]:
+    """etcd's /metrics now: ``total(name)`` sums the samples of ``name`` over its labels."""
     text = urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10).read().decode()
 
     def total(name: str, where: str = "") -> float:
         pattern = re.compile(rf"^{name}(\{{[^}}]*\}})? ([0-9.e+-]+)$", re.MULTILINE)
         return sum(float(v) for labels, v in pattern.findall(text) if where in labels)
+
+    return total
+
+
+def read_counters(endpoint: str, client) -> EtcdCounters:
+    total = metric_totals(endpoint)
 
     return EtcdCounters(
         received_bytes=total("etcd_network_client_grpc_received_bytes_total"),

@@ -46,7 +46,11 @@ from torch.distributed.elastic.agent.server.api import (
     WorkerState,
 )
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousGracefulExitError
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousError,
+    RendezvousGracefulExitError,
+)
 
 from elasticft import torch_seam
 from elasticft.agent.announce import announce
@@ -64,6 +68,7 @@ from elasticft.agent.decide import (
 )
 from elasticft.agent.exclusion import leave_if_straggler
 from elasticft.agent.hang_monitor import HangMonitor
+from elasticft.agent.job_end import close_before_leaving, record_job_end, why_left
 from elasticft.agent.memory import MemoryService
 from elasticft.agent.numerics import NumericsWatch
 from elasticft.agent.observe import Observer
@@ -78,7 +83,7 @@ from elasticft.contract.progress import read_progress
 from elasticft.contract.records import layout_record
 from elasticft.contract.run_dir import WorkerEnv
 from elasticft.knobs import env_name
-from elasticft.rendezvous.backend import rendezvous_round, stand_aside_if_cut
+from elasticft.rendezvous.backend import rendezvous_round, share_node_lease, stand_aside_if_cut
 from elasticft.settings import Settings
 from elasticft.slurm.worker_env import slurm_worker_env
 
@@ -124,15 +129,17 @@ class FTElasticAgent(LocalElasticAgent):
                 result = super().run(role)
             except BudgetExhausted as ended:  # fail as torch does when --max-restarts runs out
                 result = failed_result(ended, self._failed, self.get_worker_group(), self._run_dir)
-            except RendezvousError:  # left waiting for peers that ended the job: end the same way
+            except RendezvousError as exc:  # left waiting for peers that ended the job: end the same way
                 if self._budget is not None:
                     self._budget.raise_ending()
-                raise
+                if not isinstance(exc, RendezvousClosedError):
+                    raise
+                result = None  # the others ended the job while this node waited to join: so does it
             if result is None:
                 # torch's run returns nothing after a graceful rendezvous exit: ours, after
                 # this node left as a straggler, or torch's, for a node on the redundancy
                 # list of a rendezvous that closed. Nothing failed on this node.
-                log.info("left the rendezvous gracefully; this node's part of the job is over")
+                log.info(why_left(self.get_worker_group().spec.rdzv_handler, self._excluded))
                 result = RunResult(state=WorkerState.SUCCEEDED)
             clean = not result.is_failed()
             return result
@@ -149,6 +156,7 @@ class FTElasticAgent(LocalElasticAgent):
                 self._etcd, self._settings.ft.node_id, spec.local_addr or socket.getfqdn(),
                 spec.local_world_size, self._settings.ft.lease_ttl, self._run_dir, self._settings.memory.domain())
             self._ctx.record(EventKind.NODE_JOINED, host=self._ctx.node.record.host, gpus=spec.local_world_size)
+            share_node_lease(spec.rdzv_handler, self._ctx.node, self._ctx.membership)  # one lease, one watch
             self._ctx.client.outage.on_recovered(lambda seconds, failed: self._ctx.record(
                 EventKind.ETCD_UNAVAILABLE, seconds=round(seconds, 1), failed_requests=failed))
             self._budget = RestartBudget(self._ctx, self._settings.restarts, spec.max_restarts,
@@ -188,11 +196,13 @@ class FTElasticAgent(LocalElasticAgent):
             self._memory.close()
         if self._hangs is not None:
             self._hangs.close()
-        self._record_job_end(clean, stopped_by)
+        group = self.get_worker_group()
+        record_job_end(self._ctx, group, self._settings, clean, self._excluded, stopped_by)
         self.stop_reason = next((r.stop_reason for r in read_progress(self._run_dir).values() if r.stop_reason), None)
-        record_outcome(self._ctx, self.get_worker_group(), clean and not self._excluded, self.stop_reason)
+        decided = record_outcome(self._ctx, group, clean and not self._excluded, self.stop_reason)
         self._ckpt.close()
         if self._ctx is not None:
+            close_before_leaving(group, self._excluded, stopped_by, job_ended=decided is not None)
             if clean:
                 self._ctx.record(EventKind.NODE_LEFT)
             self._ctx.leave(clean)
@@ -206,23 +216,6 @@ class FTElasticAgent(LocalElasticAgent):
         """The number of ranks in the current round (None between rounds or on a spare node)."""
         workers = self.get_worker_group().workers
         return workers[0].world_size if workers else None
-
-    def _record_job_end(self, clean: bool, stopped_by: str | None) -> None:
-        """The job's end: by the rank-0 node when it succeeded, by every node that failed.
-
-        ``stopped_by``: the exception that ended the agent (SignalException for SIGTERM).
-        A node that left as a straggler said so in its ``node_excluded`` event.
-        """
-        if self._ctx is None or self._excluded:
-            return
-        if clean:
-            if self.get_worker_group().group_rank in (0, None):
-                self._ctx.record(EventKind.JOB_FINISHED)
-        else:
-            self._ctx.record(EventKind.JOB_FAILED, state=self.get_worker_group().state.name, stopped_by=stopped_by)
-        if self._settings.ft.events_file and (not clean or self.get_worker_group().group_rank in (0, None)):
-            self._ctx.events.export(self._settings.ft.events_file, self._settings.housekeeping.archive_path(
-                self._settings.ft.events_file, self._ctx.keys.run_id))
 
     def _signal_workers(self, signum: int) -> None:
         for pid in torch_seam.worker_pids(self).values():

@@ -15,6 +15,7 @@ import logging
 from torch.distributed.elastic.agent.server.api import WorkerGroup, WorkerState
 
 from elasticft.agent.context import AgentContext
+from elasticft.contract.exit_codes import ExitCode
 from elasticft.contract.outcome import JobOutcome, decide_outcome
 from elasticft.contract.restarts import Ending, RestartRecord
 from elasticft.store import EtcdClient, StoreError
@@ -22,27 +23,31 @@ from elasticft.store import EtcdClient, StoreError
 log = logging.getLogger(__name__)
 
 
-def record_outcome(ctx: AgentContext | None, group: WorkerGroup, clean: bool, stop_reason: str | None) -> None:
-    """At the agent's end: write the job's outcome if this agent decides it.
+def record_outcome(ctx: AgentContext | None, group: WorkerGroup, clean: bool,
+                   stop_reason: str | None) -> ExitCode | None:
+    """At the agent's end: write the job's outcome if this agent decides it; the status it
+    decided (the job as a whole ended: ``job_end.close_before_leaving``), else None.
 
     ``clean``: the agent ended without an exception and was not excluded from the job;
     ``stop_reason``: its workers' save-and-exit reason (None: they did not save and stop).
     """
     if ctx is None:
-        return
+        return None
     finished = clean and group.state == WorkerState.SUCCEEDED
+    status = None
     try:
         ending = None if finished else _ending(ctx)
         status = decide_outcome(group_rank0=group.group_rank == 0, finished=finished, stop_reason=stop_reason,
                                 ending=ending)
         if status is None:
-            return
+            return None
         outcome = JobOutcome(status, ctx.node.record.attempt, ctx.node_id)
         if write_once(ctx.client, ctx.keys.outcome, outcome):
             log.info("job outcome: %s, exit status %d", outcome.describe(), int(status))
     except StoreError as exc:
         log.warning("could not record the job's outcome in etcd (%s): the batch script falls back to "
                     "srun's exit status", exc)
+    return status
 
 
 def _ending(ctx: AgentContext) -> Ending | None:

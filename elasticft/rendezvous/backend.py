@@ -15,11 +15,13 @@ Registered as ``etcd-v3`` through the ``torchrun.handlers`` entry point
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 
 from torch.distributed.elastic.rendezvous import (
+    RendezvousError,
     RendezvousHandler,
     RendezvousParameters,
 )
@@ -31,10 +33,13 @@ from elasticft.rendezvous.handler import (
     RendezvousStoreUnavailable,
     node_name,
 )
+from elasticft.rendezvous.membership import Membership, NodeLease
 from elasticft.rendezvous.rounds import RoundLimits, Rounds
 from elasticft.store import EtcdClient, StoreOptions, StoreUnavailable, connect
 from elasticft.store.c10d_store import EtcdStore
 from elasticft import torch_seam
+
+log = logging.getLogger(__name__)
 
 # Faster than torch's 30 s: a survivor set that meets --nnodes' minimum should
 # resume training at once; late joiners are admitted at the next round anyway.
@@ -188,6 +193,32 @@ def create_handler(params: RendezvousParameters, client: EtcdClient | None = Non
     return EtcdRendezvousHandler(rounds, store, params.run_id, params.local_addr,
                                  close_timeout=float(close_timeout) if close_timeout is not None else None,
                                  outage_limit=options.etcd_outage_limit, probe_timeout=options.peer_probe_timeout)
+
+
+def share_node_lease(handler: RendezvousHandler, node: NodeLease, membership: Membership) -> None:
+    """Under eft's agent: the rendezvous keys go under the node's lease, and the rendezvous
+    learns of lost members from the agent's membership watch instead of a watch of its own
+    (one keep-alive and one watch event per node, not two; ``round_lease``, ``member_losses``)."""
+    if isinstance(handler, EtcdRendezvousHandler):
+        handler.rounds.share_with_agent(node.lease, node.rejoin, membership.lost.is_set)
+
+
+def close_for_everyone(handler: RendezvousHandler) -> None:
+    """Close eft's rendezvous (torch's ``set_closed``): nodes waiting to join leave; etcd out of
+    reach costs a warning (torch's launcher tries again as the agent returns)."""
+    if isinstance(handler, EtcdRendezvousHandler):
+        try:
+            handler.set_closed()
+        except RendezvousError as exc:
+            log.warning("could not close the rendezvous: %s", exc)
+
+
+def rendezvous_closed(handler: RendezvousHandler) -> bool:
+    """Whether eft's rendezvous is closed (the job ended); False when etcd does not say."""
+    try:
+        return isinstance(handler, EtcdRendezvousHandler) and handler.is_closed()
+    except RendezvousError:
+        return False
 
 
 def rendezvous_round(handler: RendezvousHandler) -> int:

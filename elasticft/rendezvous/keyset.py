@@ -80,6 +80,11 @@ class KeySet:
         with self._lock:
             return dict(self.values)
 
+    def created_after(self, prefix: str, revision: int) -> int:
+        """How many keys under ``prefix`` were created after ``revision``."""
+        with self._lock:
+            return sum(1 for key, created in self.keys.items() if created > revision and key.startswith(prefix))
+
     def __len__(self) -> int:
         with self._lock:
             return len(self.keys)

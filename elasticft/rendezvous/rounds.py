@@ -43,6 +43,8 @@ from torch.distributed.elastic.rendezvous import (
 
 from elasticft.contract.keys import RunKeys
 from elasticft.rendezvous.keyset import KeySet
+from elasticft.rendezvous.member_losses import AgentLosses, MemberLosses, ParticipantWatch
+from elasticft.rendezvous.round_lease import OwnLease, RoundLease, SharedLease
 from elasticft.store import EtcdClient, Lease, StoreError
 from elasticft.store.client import prefix_end
 from elasticft.store.errors import LeaseNotFound
@@ -92,8 +94,8 @@ class Rounds:
         self.keys = keys
         self.node = node
         self.limits = limits
-        self._lease_ttl = lease_ttl
-        self._lease: Lease | None = None
+        self._leases: RoundLease = OwnLease(client, lease_ttl)
+        self._lease_id: int | None = None  # the lease my keys below were written under
         self._joined: tuple[int, str] | None = None  # (round, my participant key)
         self._roles: list[str] = []  # closer / waiting keys I created in the round I am in
         self._leftover: list[str] = []  # my keys a failed join could not delete (etcd away): next join's
@@ -101,8 +103,7 @@ class Rounds:
         self._generation = 0
         self._control: KeySet | None = None  # the control keys, watched from join to leave
         self._current: Round | None = None
-        self._members: KeySet | None = None  # my round's keys changed after its decision
-        self._member_lost: dict[str, bool] = {}  # vanished key -> was it a member (memo)
+        self._losses: MemberLosses = ParticipantWatch(client, keys)  # members gone since my round formed
         self.cas_losses = 0  # roles or decisions another node created first (bench figure)
 
     # -- waking up -------------------------------------------------------------
@@ -118,12 +119,17 @@ class Rounds:
 
     # -- the parts of a join ---------------------------------------------------
 
+    def share_with_agent(self, lease: Lease, renew: Callable[[], None], membership_lost: Callable[[], bool]) -> None:
+        """Under eft's agent: my keys go under the node's lease (``round_lease.SharedLease``) and
+        members lost are the agent's membership watch's (``member_losses.AgentLosses``)."""
+        self._leases = SharedLease(lease, renew)
+        self._losses = AgentLosses(self.keys, membership_lost)
+
     def _ensure_lease(self) -> Lease:
-        if self._lease is None or self._lease.lost.is_set():
-            self._lease = self.client.lease(self._lease_ttl)
-            self._joined = None
-            self._roles = []
-        return self._lease
+        lease = self._leases.current()
+        if lease.id != self._lease_id:  # a new lease: my keys under the old one are gone with it
+            self._lease_id, self._joined, self._roles = lease.id, None, []
+        return lease
 
     def _watch_control(self) -> KeySet:
         """The control keys, re-read and re-watched if the watch broke (etcd restarted, compaction)."""
@@ -165,7 +171,7 @@ class Rounds:
 
     def _claim(self, key: str) -> None:
         """Create a role key (closer, waiting marker) under my lease if no one holds it."""
-        if self.client.create(key, self.node, lease=self._lease):
+        if self.client.create(key, self.node, lease=self._leases.held):
             self._roles.append(key)
         else:
             self.cas_losses += 1
@@ -216,8 +222,8 @@ class Rounds:
         except LeaseNotFound:
             # etcd let my lease expire (frozen, or cut off from etcd) before its keeper heard:
             # my keys went with it; the next join takes a new one
-            if self._lease is not None:
-                self._lease.lost.set()
+            if self._leases.held is not None:
+                self._leases.held.lost.set()
             self._drop_keys()
             raise
         except BaseException:
@@ -286,11 +292,7 @@ class Rounds:
     # -- after a round formed ---------------------------------------------------
 
     def _start_watching_round(self, formed: Round) -> None:
-        # the watch on the round's keys is made at the first waiting() call: it starts
-        # from R + 1 whenever it is made, so nothing is missed, and the workers start
-        # one watch creation sooner (the client library makes watches one at a time per connection)
-        self._current = formed
-        self._member_lost = {}
+        self._current = formed  # what watches members' losses is made at the first waiting()
 
     def stop_watching(self) -> None:
         """Cancel this node's watches (its keys stay until it leaves)."""
@@ -300,24 +302,7 @@ class Rounds:
             control.close()
 
     def _stop_watching_round(self) -> None:
-        if self._members is not None:
-            self._members.close()
-        self._members = None
-
-    def _lost_members(self, formed: Round, members: KeySet) -> int:
-        """Members of my round gone since it formed. A key that vanished is a member's
-        when it ranked below the size at R (else it was a node beyond ``max_nodes``
-        moving on); classified lazily, one count each, and only until one is found."""
-        lost = 0
-        prefix = self.keys.rdzv_participants(formed.number)
-        for key in list(members.vanished):
-            if key not in self._member_lost:
-                if lost:
-                    break  # one known loss is enough to restart; torch asks only for > 0
-                rank, _ = self.client.count_range(prefix, key, formed.revision)
-                self._member_lost[key] = rank < formed.size
-            lost += self._member_lost[key]
-        return lost
+        self._losses.close()
 
     def waiting(self) -> int:
         """Nodes the current round's members should re-rendezvous for.
@@ -332,13 +317,7 @@ class Rounds:
             return 0
         try:
             control = self._watch_control()  # made anew if its watch broke (etcd restarted)
-            if self._members is not None and self._members.broken:
-                self._stop_watching_round()  # made anew below, from the same revision
-            if self._members is None:
-                self._members = KeySet(self.client, self.keys.rdzv_participants(formed.number), lambda: None,
-                                       after=formed.revision)
-            members = self._members
-            lost = self._lost_members(formed, members)
+            lost = self._losses.lost(formed, control)
             if not self.someone_waits() or formed.size - lost >= self.limits.max_nodes:
                 return lost
             following = self.keys.rdzv_participants(formed.number + 1)
@@ -369,7 +348,7 @@ class Rounds:
             self.client.put_and_delete(marker, why, self._ensure_lease(), stale)
             self._leftover.append(marker)
         except LeaseNotFound:  # my keys went with it: out of the round all the same, unmarked
-            self._lease.lost.set()
+            self._leases.held.lost.set()
         self._joined, self._roles = None, []
 
     def is_closed(self) -> bool:
@@ -390,11 +369,12 @@ class Rounds:
                 self._leftover.append(key)
 
     def leave(self) -> None:
-        """Stop taking part: my keys vanish with my lease, the rendezvous stays open."""
+        """Stop taking part: my keys vanish with my lease (a shared one: deleted now), the
+        rendezvous stays open."""
         self.stop_watching()
         self._current = None
-        self._joined = None
-        self._roles = []
-        lease, self._lease = self._lease, None
-        if lease is not None:
-            lease.revoke()
+        if not self._leases.release():
+            self._roles += [k for k in self._leftover if k not in self._roles]
+            self._leftover = []
+            self._drop_keys()
+        self._joined, self._roles, self._lease_id = None, [], None
