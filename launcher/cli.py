@@ -1,4 +1,4 @@
-"""``eft``: the operator's command (plan, health, ckpt, top, status, simulate, report, etcd, outcome).
+"""``eft``: the operator's command (plan, health, ckpt, top, status, simulate, report, etcd, outcome, flags).
 
 Each sub-command lives in its own module with a ``register(app)`` function; this
 file only assembles them.
@@ -8,7 +8,17 @@ from __future__ import annotations
 
 import typer
 
-from launcher import ckpt_cmd, etcd_cmd, health_cmd, outcome_cmd, plan_cmd, report_cmd, simulate_cmd, top_cmd
+from launcher import (
+    ckpt_cmd,
+    etcd_cmd,
+    flags_cmd,
+    health_cmd,
+    outcome_cmd,
+    plan_cmd,
+    report_cmd,
+    simulate_cmd,
+    top_cmd,
+)
 
 app = typer.Typer(
     help="eft: tools for elastic, fault-tolerant Megatron training launched with eft-run.",
@@ -31,6 +41,7 @@ simulate_cmd.register(app)
 report_cmd.register(app)
 etcd_cmd.register(app)
 outcome_cmd.register(app)
+flags_cmd.register(app)
 
 
 def main() -> None:

@@ -173,12 +173,6 @@ def test_embedded_etcd_leaves_nothing_behind(tmp_path, how, eft_job):
     assert etcd_leftovers(tmpdir) == ([], [])
 
 
-def test_every_eft_flag_is_documented_in_the_readme():
-    from launcher.eft_run import build_parser
-
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    flags = {opt for action in build_parser()._actions for opt in action.option_strings if opt.startswith("--eft-")}
-    assert flags and not {f for f in flags if f"`{f}`" not in readme}
 
 
 def redundant_pids(etcd, keys: RunKeys) -> set[int]:
