@@ -5,8 +5,9 @@ the revision the round formed at (``ParticipantWatch``): a key that vanishes is 
 lost, or a member that stood aside. Under eft's agent, which watches every node's record
 already (``membership.py``), the rendezvous opens no second watch on the same nodes
 (``AgentLosses``): a lost member is a loss the agent's membership watch saw, and a member
-that stood aside left its marker in the control keys the node watches anyway. At 2,048
-nodes that is one watch event per survivor for a lost node, not two.
+that stood aside left its marker in the control keys the node watches anyway; the round's
+keys are watched only while someone waits for the next round. At 2,048 nodes that is one
+watch event per survivor for a lost node, not two.
 """
 
 from __future__ import annotations
@@ -78,14 +79,24 @@ class ParticipantWatch:
 
 class AgentLosses:
     """Losses as eft's agent sees them: ``membership_lost`` (the agent's membership watch has
-    losses it has not acted on yet) and the stand-aside markers made since the round formed."""
+    losses it has not acted on yet) and the stand-aside markers made since the round formed.
 
-    def __init__(self, keys: RunKeys, membership_lost: Callable[[], bool]):
+    One loss the node records cannot show: a member whose own workers failed moves on to the
+    next round while its lease lives. It marks that round's waiting key, which the control
+    watch sees; only then, and only until this round ends, is the round's participant watch
+    made (from the round's revision: nothing is missed), so that a full round (``--nnodes
+    N:N``) tells a member that moved on from a newcomer on the redundancy list."""
+
+    def __init__(self, client: EtcdClient, keys: RunKeys, membership_lost: Callable[[], bool]):
         self._keys = keys
         self._membership_lost = membership_lost
+        self._participants = ParticipantWatch(client, keys)
 
     def lost(self, formed: Formed, control: KeySet) -> int:
-        return control.created_after(self._keys.rdzv_asides, formed.revision) + int(self._membership_lost())
+        seen = control.created_after(self._keys.rdzv_asides, formed.revision) + int(self._membership_lost())
+        if self._keys.rdzv_waiting(formed.number + 1) not in control:
+            return seen
+        return max(seen, self._participants.lost(formed, control))
 
     def close(self) -> None:
-        pass
+        self._participants.close()

@@ -123,7 +123,7 @@ class Rounds:
         """Under eft's agent: my keys go under the node's lease (``round_lease.SharedLease``) and
         members lost are the agent's membership watch's (``member_losses.AgentLosses``)."""
         self._leases = SharedLease(lease, renew)
-        self._losses = AgentLosses(self.keys, membership_lost)
+        self._losses = AgentLosses(self.client, self.keys, membership_lost)
 
     def _ensure_lease(self) -> Lease:
         lease = self._leases.current()
