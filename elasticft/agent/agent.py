@@ -364,7 +364,7 @@ class FTElasticAgent(LocalElasticAgent):
             self._failed = result if result.is_failed() else self._failed
         else:  # a spare node idles, and finishes when the working nodes reach torch's exit barrier
             result = RunResult(state=WorkerState.SUCCEEDED if self._working_nodes_finished() else WorkerState.HEALTHY)
-        seen = self._observer.look(result.state, worker_group)
+        seen = self._observer.look(result.state, worker_group, result.failures)
         decision = decide(seen)
         if decision.verdict is Verdict.REPORT:
             return result

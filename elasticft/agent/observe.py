@@ -9,10 +9,13 @@ attribution window to be explained by a lost node); deciding is ``decide.py``'s.
 
 from __future__ import annotations
 
+import signal
 import time
+from collections.abc import Mapping
 from typing import Callable
 
 from torch.distributed.elastic.agent.server.api import WorkerGroup, WorkerState
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from elasticft.agent.checkpoints import CheckpointCoordinator
 from elasticft.agent.decide import Observation
@@ -20,6 +23,20 @@ from elasticft.agent.hang_monitor import HangMonitor
 from elasticft.agent.numerics import NumericsWatch
 from elasticft.contract.records import NodeRecord
 from elasticft.rendezvous.membership import Membership, NodeLease
+
+
+# Deaths only a process's own fault, the kernel or a person deals it (a crash, the OOM killer,
+# kill -9), never a peer that vanished: a rank in a collective with a dead peer exits with an
+# error, or aborts (SIGABRT: NCCL's watchdog), and those still wait for the lost node.
+SELF_INFLICTED = frozenset({signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE})
+
+
+def no_lost_node_explains(nodes: int | None, failures: Mapping[int, ProcessFailure]) -> bool:
+    """A failure no lost node can explain, which needs no grace: the round is one node (no
+    peer node to lose), or a worker here died of its own crash or a kill (``SELF_INFLICTED``)."""
+    if nodes == 1:
+        return True
+    return any(f.exitcode < 0 and -f.exitcode in SELF_INFLICTED for f in failures.values())
 
 
 class Observer:
@@ -35,13 +52,14 @@ class Observer:
         self._numerics = numerics
         self._must_fence = must_fence  # cut off from etcd alone: stop the workers before the lease expires
 
-    def look(self, state: WorkerState, worker_group: WorkerGroup) -> Observation:
-        """What ``decide`` needs after torch's monitor said ``state``."""
+    def look(self, state: WorkerState, worker_group: WorkerGroup,
+             failures: Mapping[int, ProcessFailure] | None = None) -> Observation:
+        """What ``decide`` needs after torch's monitor said ``state`` (``failures``: its workers' exits)."""
         if state is WorkerState.SUCCEEDED:
             return Observation(state, signal_save=self._ckpt.take_signal_save(),
                                rollback=self._numerics.take_rollback())
         if state in (WorkerState.UNHEALTHY, WorkerState.FAILED):
-            lost, fenced = self._own_loss(self._explain_failure(worker_group))
+            lost, fenced = self._own_loss(self._explain_failure(worker_group, failures or {}))
             return Observation(state, lost=lost, fenced=fenced or self.fenced())
         membership = self._membership
         lost = tuple(membership.take_losses()) if membership is not None and membership.lost.is_set() else None
@@ -80,13 +98,15 @@ class Observer:
         node = self._node
         return node is not None and time.monotonic() - node.lease.refreshed_at > node.lease.ttl
 
-    def _explain_failure(self, worker_group: WorkerGroup) -> tuple[NodeRecord, ...] | None:
+    def _explain_failure(self, worker_group: WorkerGroup,
+                         failures: Mapping[int, ProcessFailure]) -> tuple[NodeRecord, ...] | None:
         """The nodes lost (() for a scale-up) if a membership change explains a failure, else None.
 
         A lost node is reported by its lease. A worker failure waits up to the
         attribution window for such a report: peers of a dead node fail at once, its
         lease expires later. A failure while nodes wait to join is the scale-up that
         another agent already started (it stopped its workers, ours lost their peers).
+        A failure no lost node can explain (``no_lost_node_explains``) does not wait.
         """
         membership = self._membership
         deadline = time.monotonic() + self._window
@@ -99,7 +119,7 @@ class Observer:
             if worker_group.spec.rdzv_handler.num_nodes_waiting() > 0:
                 return tuple(membership.take_losses()) if membership is not None else ()
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or no_lost_node_explains(worker_group.group_world_size, failures):
                 return None
             if membership is not None:
                 membership.lost.wait(min(0.25, remaining))
