@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
     done = eft_report(*[a.format(**{k: str(tmp_path / k) for k in files}) for a in args])
     assert done.returncode == 2 and says in done.stderr, done.stderr
     assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
+
+
+def test_a_workers_start_is_read_on_the_wall_clock_it_was_spawned_at():
+    # psutil's create_time drifts from the wall clock with the boot time (0.8 s on a test VM):
+    # a restart quicker than that seemed to start before its predecessor's last heartbeat
+    before = time.time()
+    done = subprocess.run([sys.executable, "-c", "from elasticft.worker.progress import process_started_at\n"
+                           "print(process_started_at())"], capture_output=True, text=True, check=True)
+    after = time.time()
+    assert before - 0.05 <= float(done.stdout) <= after

@@ -19,7 +19,6 @@ import os
 import sys
 import time
 
-import psutil
 import torch
 import torch.distributed as dist
 
@@ -35,7 +34,7 @@ from elasticft.contract.records import CheckpointRequest
 from elasticft.contract.run_dir import OutboxKind, WorkerEnv
 from elasticft.worker.gap import gap_filter
 from elasticft.worker.numerics import NumericsGuard
-from elasticft.worker.progress import ProgressWriter
+from elasticft.worker.progress import ProgressWriter, process_started_at
 from elasticft.worker.relay import Outbox, RequestFile
 from elasticft.worker.signals import ExitSignals
 from elasticft.worker.vote import (  # noqa: F401 - Action and friends are the hook's API too
@@ -106,7 +105,7 @@ class Hook:
         self.numerics = NumericsGuard(self.run_dir, group, self._outbox, numerics) if numerics.numerics_check else None
         self.progress = ProgressWriter(self.run_dir, dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")),
                                        dump_signal=self._register_stack_dump(),
-                                       started=psutil.Process().create_time())
+                                       started=process_started_at())
 
     @staticmethod
     def _register_stack_dump() -> int | None:
