@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 
 from torch.distributed.elastic.agent.server.api import WorkerGroup
+from torch.distributed.elastic.multiprocessing import SignalException
 
 from elasticft.agent.context import AgentContext
 from elasticft.contract.events import EventKind
@@ -25,7 +26,7 @@ from elasticft.settings import Settings
 
 log = logging.getLogger(__name__)
 
-SIGNALLED = "SignalException"  # torch's exception for a signal to the agent (``stopped_by``)
+SIGNALLED = SignalException.__name__  # torch's exception for a signal to the agent (``stopped_by``)
 
 
 def record_job_end(ctx: AgentContext | None, group: WorkerGroup, settings: Settings, clean: bool,

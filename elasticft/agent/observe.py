@@ -25,8 +25,8 @@ from elasticft.contract.records import NodeRecord
 from elasticft.rendezvous.membership import Membership, NodeLease
 
 
-# Deaths only a process's own fault, the kernel or a person deals it (a crash, the OOM killer,
-# kill -9), never a peer that vanished: a rank in a collective with a dead peer exits with an
+# Deaths dealt only by a process's own fault, the kernel or a person (a crash, the OOM killer,
+# kill -9), never by a peer that vanished: a rank in a collective with a dead peer exits with an
 # error, or aborts (SIGABRT: NCCL's watchdog), and those still wait for the lost node.
 SELF_INFLICTED = frozenset({signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE})
 
