@@ -10,8 +10,11 @@ lease and its own watch on the round's participant keys. etcd's /metrics count.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import threading
+import time
+import uuid
 from dataclasses import dataclass
 
 from torch.distributed.elastic.rendezvous import RendezvousParameters
@@ -122,8 +125,6 @@ class Footprint:
 
 def _group(design, indices, n, endpoint, run_id, lease_ttl, per_connection, ready, commands, replies) -> None:
     """One process of simulated nodes: join, form one round, then obey ``commands``."""
-    import time
-
     keys = RunKeys(run_id)
     pools = [connect_to(endpoint) for _ in range(-(-len(indices) // per_connection))]
     # every record first, then the membership watches: a watch made while the others register
@@ -171,10 +172,6 @@ def measure(design: str, n: int, endpoint: str, lease_ttl: float = 3.0, per_proc
             per_connection: int = 32, idle: float = 10.0, cap: float = 600.0) -> Footprint:
     """N simulated nodes of ``design`` in processes of ``per_process`` (threads): form one round,
     count what etcd holds, ``idle`` seconds of keep-alives, then one node dies."""
-    import multiprocessing
-    import time
-    import uuid
-
     from bench.launch import wait_for
     from bench.rdzv_sim import metric_totals
 

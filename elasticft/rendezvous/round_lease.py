@@ -52,14 +52,13 @@ class SharedLease:
     straggler on its way out) keeps its record until the agent says why it left."""
 
     def __init__(self, lease: Lease, renew: Callable[[], None]):
-        self.held: Lease | None = lease
-        self._lease = lease
+        self.held: Lease = lease  # renewal regrants this same object: it stays the node's lease
         self._renew = renew
 
     def current(self) -> Lease:
-        if self._lease.lost.is_set():
+        if self.held.lost.is_set():
             self._renew()
-        return self._lease
+        return self.held
 
     def release(self) -> bool:
         return False
