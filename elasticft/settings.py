@@ -28,6 +28,7 @@ from elasticft.config import (
 )
 from elasticft.knobs import add_arguments, from_args
 from elasticft.slurm_config import SlurmConfig
+from elasticft.start_config import StartConfig
 
 
 def _concern(cls: type, title: str) -> object:
@@ -56,6 +57,7 @@ class Settings:
     housekeeping: HousekeepingConfig = _concern(
         HousekeepingConfig, "eft etcd housekeeping (history compaction, the events bound)")
     slurm: SlurmConfig = _concern(SlurmConfig, "eft under SLURM (the job's time limit, asked once)")
+    start: StartConfig = _concern(StartConfig, "eft worker starts and joins (warm interpreters, when a node joins)")
 
     @classmethod
     def add_arguments(cls, parser) -> None:
