@@ -79,10 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str) -> Non
                     f"expected {type(_f.default).__name__}, got {raw!r}"
                 ) from None
 
-        if isinstance(f.default, bool):  # a switch: --eft-x turns it on, --no-eft-x off
+        if isinstance(f.default, bool):  # a switch: --eft-x turns it on, --no-eft-x (argparse's) off
             group.add_argument(
                 flag,
-                "--no-" + flag[2:],
                 dest="eft_" + f.name,
                 action=argparse.BooleanOptionalAction,
                 default=default,

@@ -164,6 +164,35 @@ def agent_class_swapped(factory: Callable[..., LocalElasticAgent]) -> Iterator[N
         launcher_api.LocalElasticAgent = original
 
 
+# How torch's SubprocessContext asks for one worker process (torch.distributed.elastic.
+# multiprocessing.api): it calls the module-level ``get_subprocess_handler`` by name with these
+# keywords, and a handler's process is whatever its ``_popen(args, env)`` returns.
+SUBPROCESS_HANDLER_PARAMS = ("entrypoint", "args", "env", "stdout", "stderr", "local_rank_id", "numa_options")
+
+
+@contextlib.contextmanager
+def subprocess_handlers(factory: Callable[..., Any]) -> Iterator[None]:
+    """Have torch build each worker's subprocess handler with ``factory`` (same keywords) for
+    one start of the workers: the warm interpreters (``agent/warm_pool.py``) become the
+    workers' processes there, and the rest of torch's process handling stays its own."""
+    import torch.distributed.elastic.multiprocessing.api as mp_api
+
+    original = _attribute(mp_api, "get_subprocess_handler")
+    mp_api.get_subprocess_handler = factory
+    try:
+        yield
+    finally:
+        mp_api.get_subprocess_handler = original
+
+
+def subprocess_handler_class() -> type:
+    """torch's SubprocessHandler, whose ``_popen`` a warm start overrides."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import SubprocessHandler
+
+    _attribute(SubprocessHandler, "_popen")
+    return SubprocessHandler
+
+
 # -- the dynamic rendezvous ----------------------------------------------------------
 
 

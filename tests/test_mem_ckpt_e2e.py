@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -93,13 +94,18 @@ def test_a_lost_node_resumes_from_memory_and_without_the_tier_from_scratch(demo,
     assert_same_losses(result_of(tmp_path / "memory"), reference)
 
 
-def test_a_killed_worker_resumes_from_local_memory(demo, reference, tmp_path):  # noqa: F811
-    result, facts = run_demo(demo, tmp_path, lose_at=0, faults=[f"rank_killed:1@{LOSE_AT}"])
+def test_a_killed_worker_resumes_from_local_memory_in_warm_interpreters(demo, reference, tmp_path):  # noqa: F811
+    result, facts = run_demo(demo, tmp_path, lose_at=0, faults=[f"rank_killed:1@{LOSE_AT}"],
+                             agent_flags=["--eft-warm-workers"])
     ((source, resumed, redone),) = facts["restarts"]
     assert source == "memory" and resumed in (LOSE_AT - 2, LOSE_AT - 1, LOSE_AT) and redone <= 2
     (restored,) = events(result, EventKind.CKPT_RESTORED)[-1:]
     assert restored["source"] == "memory" and restored["iteration"] == resumed
     assert_same_losses(result, reference)
+    # Both generations on both nodes ran in interpreters started ahead of need, one line each.
+    for node in ("node0", "node1"):
+        log = (tmp_path / f"{node}.log").read_text()
+        assert sorted(re.findall(r"local rank (\d): warm start in pid", log)) == ["0", "0", "1", "1"], log[-3000:]
 
 
 def test_a_hung_rank_resumes_from_local_memory(demo, reference, tmp_path):  # noqa: F811

@@ -153,6 +153,34 @@ def test_agent_class_swapped_makes_torchs_launch_agent_build_ours(tmp_path, monk
     assert launcher_api.LocalElasticAgent is LocalElasticAgent
 
 
+def test_subprocess_handlers_build_every_worker_process_torch_starts(tmp_path):
+    """Warm workers take the workers' processes through torch's handler factory: it must still
+    be the name torch's process context calls, with the keywords the pool's handler takes, and
+    a handler's process must still come from ``_popen``."""
+    import sys
+
+    import torch.distributed.elastic.multiprocessing.api as mp_api
+    from torch.distributed.elastic.multiprocessing import start_processes
+
+    handler_class = torch_seam.subprocess_handler_class()
+    params = tuple(inspect.signature(handler_class.__init__).parameters)[1:]
+    assert params == torch_seam.SUBPROCESS_HANDLER_PARAMS
+    assert tuple(inspect.signature(mp_api.get_subprocess_handler).parameters) == torch_seam.SUBPROCESS_HANDLER_PARAMS
+    built = []
+
+    class Recorded(handler_class):
+        def _popen(self, args, env):
+            built.append((self.local_rank_id, tuple(args)))
+            return super()._popen(args, env)
+
+    with torch_seam.subprocess_handlers(lambda **kwargs: Recorded(**kwargs)):
+        context = start_processes("seam", sys.executable, {0: ("-c", "pass"), 1: ("-c", "pass")}, {0: {}, 1: {}},
+                                  DefaultLogsSpecs(log_dir=str(tmp_path)))
+    result = context.wait(timeout=60)
+    assert sorted(built) == [(0, (sys.executable, "-c", "pass")), (1, (sys.executable, "-c", "pass"))]
+    assert not result.failures and mp_api.get_subprocess_handler is not Recorded
+
+
 # -- the dynamic rendezvous -----------------------------------------------------------
 
 

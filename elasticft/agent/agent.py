@@ -78,6 +78,7 @@ from elasticft.agent.replan import RoundPlanner
 from elasticft.agent.restart_budget import BudgetExhausted, RestartBudget, failed_result
 from elasticft.agent.segments import StopRecorder
 from elasticft.agent.services import AgentServices, WorkerProbe
+from elasticft.agent.warm_pool import WarmPool
 from elasticft.contract.events import EventKind
 from elasticft.contract.progress import read_progress
 from elasticft.contract.records import layout_record
@@ -107,6 +108,7 @@ class FTElasticAgent(LocalElasticAgent):
         self._excluded = False  # this node left the job (a straggler, or suspect)
         self._numerics: NumericsWatch | None = None  # made in run(), once the node id is known
         self._planner = RoundPlanner.for_worker(spec.args, settings.planner)
+        self._warm = WarmPool(settings.start, self._run_dir, settings.ft.die_with_agent)  # --eft-warm-workers
         self._ckpt = CheckpointCoordinator(settings.ckpt, self._signal_workers, self._run_dir)
         # The monitor's last decision that stops the workers: read by the stop and
         # restart steps torch calls after it (a hang's restart comes a loop later).
@@ -186,9 +188,11 @@ class FTElasticAgent(LocalElasticAgent):
                                   lambda: set(torch_seam.worker_pids(self).values()), self._numerics,
                                   ctx.fence.must_fence if ctx and ctx.fence else lambda: False)
         self._ckpt.forward_exit_signals()
+        self._warm.stand_ready(spec.entrypoint, spec.args, spec.local_world_size)  # imports while the round forms
 
     def _finish(self, clean: bool, stopped_by: str | None) -> None:
         end_sessions(self._sessions)
+        self._warm.close()
         if self._stops is not None:
             self._stops.stopped("finished" if clean else "failed")
         self._services.stop()
@@ -302,7 +306,7 @@ class FTElasticAgent(LocalElasticAgent):
             # A spare node: nothing to run until the next membership change.
             torch_seam.forget_worker_processes(self)
             return {}
-        with workers_die_with_agent(worker_group.spec, self._settings.ft.die_with_agent):  # orphans.py
+        with workers_die_with_agent(worker_group.spec, self._settings.ft.die_with_agent), self._warm.handlers():
             pids = super()._start_workers(worker_group)
         self._sessions = set(pids.values())
         return pids
@@ -359,6 +363,7 @@ class FTElasticAgent(LocalElasticAgent):
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         self._services.show_injected_fault()
+        self._warm.tick()
         if worker_group.workers:
             result = super()._monitor_workers(worker_group)
             self._failed = result if result.is_failed() else self._failed

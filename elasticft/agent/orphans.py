@@ -73,6 +73,14 @@ def guarded_command(entrypoint: str, args: tuple, agent_pid: int) -> tuple[str, 
     return sys.executable, (*SHIM_INTERPRETER_FLAGS, str(SHIM), str(agent_pid), entrypoint, *args)
 
 
+def unguarded_command(argv: tuple) -> tuple[str, tuple]:
+    """The program and arguments of a command ``guarded_command`` may have put the shim in front of."""
+    prefix = (sys.executable, *SHIM_INTERPRETER_FLAGS, str(SHIM))
+    if tuple(argv[:len(prefix)]) == prefix and len(argv) > len(prefix) + 1:
+        return argv[len(prefix) + 1], tuple(argv[len(prefix) + 2:])
+    return argv[0], tuple(argv[1:])
+
+
 @contextlib.contextmanager
 def workers_die_with_agent(spec: WorkerSpec, enabled: bool) -> Iterator[None]:
     """For one start of ``spec``'s workers: run each through the shim.

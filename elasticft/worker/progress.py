@@ -40,13 +40,27 @@ RECENT_STEPS = 32  # step times a record carries: enough for a median, small to 
 STEP_WRITE_INTERVAL = 0.05
 
 
+_became_worker_at: float | None = None  # set when a warm interpreter became this worker
+
+
+def became_worker_at(when: float) -> None:
+    """A warm interpreter (``warm_interpreter.py``) became this worker at ``when``: the worker's
+    life starts there. The process itself started before the failure it replaces a worker for,
+    and a start before the previous generation's last heartbeat would merge the two in ``eft report``."""
+    global _became_worker_at
+    _became_worker_at = when
+
+
 def process_started_at() -> float:
-    """When this process started, on the wall clock: its age on the boot clock, subtracted from now.
+    """When this worker started, on the wall clock: a warm interpreter's handoff; else the process's
+    age on the boot clock, subtracted from now.
 
     psutil's ``create_time`` adds the process's start tick to the boot time the kernel noted at
     boot, which drifts from the wall clock as NTP adjusts it (0.8 s on a test VM): a restart
     quicker than that drift would seem to start before its predecessor's last heartbeat, and
     ``eft report`` would merge the two generations."""
+    if _became_worker_at is not None:
+        return _became_worker_at
     try:
         with open("/proc/self/stat") as stat:
             ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime

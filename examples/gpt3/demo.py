@@ -60,6 +60,8 @@ def agent(endpoint: str, run_id: str, out: Path, args, name: str, faults: str) -
            "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
            "--eft-node-id", name, "--eft-health-interval", "0.5", "--max-restarts", "1",
            "--eft-mem-ckpt-interval", str(0 if args.no_memory else args.mem_ckpt_interval)]
+    if not getattr(args, "cold_workers", False):
+        cmd += ["--eft-warm-workers"]  # restarts start in interpreters that imported torch ahead of need
     if faults:
         cmd += ["--eft-inject", faults]
     cmd += getattr(args, "agent_flags", [])  # tests add their own eft-run flags
@@ -134,6 +136,7 @@ def main(argv=None) -> int:
     parser.add_argument("--mem-ckpt-interval", type=int, default=1, help="iterations between memory checkpoints")
     parser.add_argument("--no-memory", action="store_true", help="no memory checkpoints: disk only")
     parser.add_argument("--compare", action="store_true", help="run with and without the memory tier")
+    parser.add_argument("--cold-workers", action="store_true", help="no warm interpreters: every worker starts cold")
     parser.add_argument("--nodes", type=int, default=2, help="simulated nodes (2 workers each)")
     parser.add_argument("--micro-batch-size", type=int, default=8,
                         help="8 (the whole global batch): no data parallelism, so TP2 x PP2 spans both nodes "

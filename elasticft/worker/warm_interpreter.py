@@ -1,0 +1,266 @@
+"""A worker interpreter started ahead of need: imports done, then it waits to become a worker.
+
+``python [the job's options] -m elasticft.worker.warm_interpreter FD SPAWN`` (started by the
+agent's ``WarmPool``, in a session of its own as torch starts workers). It dies with its agent
+(``PR_SET_PDEATHSIG``, as ``agent/pdeathsig_exec.py`` does for a cold worker), puts on
+``sys.path`` what a cold start of the job's command would, and imports the heavy modules. Then
+it waits on the socket FD for a ``Handoff``: the worker's environment, command, working
+directory, and its stdout and stderr as descriptors. It answers one line and becomes the worker:
+
+* **warm**: the environment replaced, ``sys.argv`` and ``sys.path[0]`` as a cold start has them,
+  the script run as ``__main__`` (``-m``: ``runpy.run_module``, as the interpreter does);
+* **cold**, on any doubt: it ``exec``\\ s the command in place, so the worker is exactly a cold
+  start (the same pid, the death signal kept). Doubt is: a preloaded module failed to import,
+  a variable other than eft's and torch's per-rank ones changed since this interpreter started
+  (it may have been read at import), a module file it loaded changed on disk (code updated
+  between restarts), or a command other than the one it was started for.
+
+What it must not do before the handoff: anything that depends on the rank: no process group,
+no CUDA context (importing torch makes none), no threads of its own, no signal handlers.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.machinery
+import os
+import signal
+import socket
+import sys
+import time
+import types
+
+from elasticft.contract.warm_start import Handoff, Spawn, changed_variables, parse_python_command, reply_line
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+MAX_HANDOFF = 1 << 22  # bytes of one handoff message (the environment dominates)
+
+
+def _die_with_agent(agent_pid: int) -> None:
+    import ctypes
+
+    if ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != agent_pid:  # the agent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _idle_priority(idle: bool) -> None:
+    """Import on CPU time nothing else wants (``SCHED_IDLE``), so that a refill never slows the
+    workers that just started; back to the normal policy to become a worker (allowed unprivileged)."""
+    try:
+        policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
+
+
+def entry_file(spawn: Spawn) -> str | None:
+    command = spawn.command
+    if command.script is not None:
+        return command.script if os.path.isfile(command.script) else None
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(command.module)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None and spec.origin and spec.origin.endswith(".py") else None
+
+
+def top_level_imports(path: str) -> list[str]:
+    """The absolute imports at ``path``'s top level (inside top-level ``try``/``if`` too), in order."""
+    import ast
+
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names: list[str] = []
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+        elif isinstance(node, (ast.Try, ast.If)):
+            todo[:0] = list(node.body)
+    return list(dict.fromkeys(names))
+
+
+def _beside(entry: str, name: str) -> bool:
+    """Whether ``name`` is a plain module next to the entry: the script's own code, not preloaded
+    (it changes between restarts, and its import may do the job's work)."""
+    import importlib.util
+
+    top = name.split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return True  # unknown: leave it to the script
+    if spec is None or spec.origin is None:
+        return spec is None
+    folder = os.path.dirname(os.path.realpath(entry))
+    return spec.submodule_search_locations is None and os.path.dirname(os.path.realpath(spec.origin)) == folder
+
+
+def modules_to_preload(spawn: Spawn) -> list[str]:
+    modules = list(spawn.modules)
+    entry = entry_file(spawn) if spawn.auto else None
+    if entry is not None:
+        modules += [m for m in top_level_imports(entry) if m != "__future__" and not _beside(entry, m)]
+    return list(dict.fromkeys(modules))
+
+
+def preload(modules: list[str]) -> str | None:
+    """Import ``modules``; why not, for the first that fails (the rest are left alone)."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure means a cold start
+            return f"could not import {name}: {type(exc).__name__}: {exc}".splitlines()[0]
+    return None
+
+
+def loaded_files() -> dict[str, tuple[int, int]]:
+    """Every module file this interpreter loaded, with its mtime and size."""
+    files = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            files[path] = (st.st_mtime_ns, st.st_size)
+    return files
+
+
+def changed_files(before: dict[str, tuple[int, int]]) -> list[str]:
+    changed = []
+    for path, mark in before.items():
+        try:
+            st = os.stat(path)
+        except OSError:
+            changed.append(path)
+            continue
+        if (st.st_mtime_ns, st.st_size) != mark:
+            changed.append(path)
+    return changed
+
+
+def doubt(spawn: Spawn, handoff: Handoff, started_env: dict, import_error: str | None,
+          files: dict[str, tuple[int, int]]) -> str | None:
+    """Why this interpreter cannot be the worker a cold start would be (None: it can)."""
+    if import_error:
+        return import_error
+    command = parse_python_command(handoff.program, handoff.args)
+    if isinstance(command, str):
+        return command
+    mine = spawn.command
+    if (command.python, command.options, command.module, command.script) != (
+            mine.python, mine.options, mine.module, mine.script):
+        return "the command is not the one this interpreter was started for"
+    variables = changed_variables(started_env, handoff.env, set(handoff.per_rank))
+    if variables:
+        return f"environment changed since it started: {', '.join(variables[:3])}" + (
+            f" and {len(variables) - 3} more" if len(variables) > 3 else "")
+    stale = changed_files(files)
+    if stale:
+        return f"a loaded module's file changed on disk: {stale[0]}" + (
+            f" and {len(stale) - 1} more" if len(stale) > 1 else "")
+    return None
+
+
+def _take_output(spawn: Spawn, out_fd: int, err_fd: int) -> None:
+    """Replay what the preload printed into the worker's streams, then make them fds 1 and 2."""
+    for captured, fd, stream in ((spawn.capture[0], out_fd, sys.stdout), (spawn.capture[1], err_fd, sys.stderr)):
+        stream.flush()
+        try:
+            with open(captured, "rb") as f:
+                data = f.read()
+            os.unlink(captured)
+        except OSError:
+            data = b""
+        if data:
+            os.write(fd, data)
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    os.close(out_fd)
+    os.close(err_fd)
+
+
+def _run_cold(handoff: Handoff) -> None:
+    for name in ("SIGPIPE", "SIGXFSZ"):  # as Popen(restore_signals=True) leaves them for a cold worker
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    try:
+        os.execvpe(handoff.program, [handoff.program, *handoff.args], handoff.env)
+    except OSError as exc:
+        print(f"eft: cannot run {handoff.program}: {exc}", file=sys.stderr)
+        os._exit(127)
+
+
+def _run_warm(handoff: Handoff, handed_at: float) -> None:
+    from elasticft.worker.progress import became_worker_at
+
+    became_worker_at(handed_at)  # the worker's start, as the heartbeats tell it
+    command = parse_python_command(handoff.program, handoff.args)
+    os.environ.clear()
+    os.environ.update(handoff.env)
+    first = command.sys_path0(handoff.cwd)
+    if first is not None:
+        sys.path[0] = first
+    sys.orig_argv = [handoff.program, *handoff.args]
+    if command.module is not None:
+        import runpy
+
+        sys.argv = ["-m", *command.args]
+        runpy.run_module(command.module, run_name="__main__", alter_sys=True)
+        return
+    # As the interpreter runs a script: a fresh __main__, __file__ absolute, argv[0] as given.
+    sys.argv = [command.script, *command.args]
+    path = os.path.abspath(command.script)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    sys.modules["__main__"] = main
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
+
+
+def main(argv: list[str]) -> None:
+    control = socket.socket(fileno=int(argv[1]))
+    spawn = Spawn.decode(argv[2])
+    if spawn.die_with_agent:
+        _die_with_agent(spawn.agent_pid)
+    started_env = dict(os.environ)
+    _idle_priority(True)
+    first = spawn.command.sys_path0(os.getcwd())
+    if first is not None and sys.path:
+        sys.path[0] = first
+    import_error = preload(modules_to_preload(spawn))
+    files = loaded_files()
+    message, fds, _flags, _addr = socket.recv_fds(control, MAX_HANDOFF, 2)
+    handed_at = time.time()
+    if not message or len(fds) != 2:  # the agent closed the pool: nothing to become
+        os._exit(0)
+    _idle_priority(False)
+    handoff = Handoff.decode(message)
+    why = doubt(spawn, handoff, started_env, import_error, files)
+    os.chdir(handoff.cwd)
+    _take_output(spawn, *fds)
+    control.sendall(reply_line(why is None, why or ""))
+    control.close()
+    if why is not None:
+        _run_cold(handoff)
+    _run_warm(handoff, handed_at)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

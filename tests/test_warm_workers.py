@@ -1,0 +1,199 @@
+"""Warm workers (--eft-warm-workers): a worker that starts in an interpreter started ahead of
+need is the worker a cold start would be, and any doubt ends in a cold start, said in one line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from elasticft.agent.warm_pool import WarmPool
+from elasticft.contract.warm_start import changed_variables, parse_python_command
+from elasticft.start_config import StartConfig
+
+# What a worker can see of how it was started; the run differs only in the run's own values.
+DUMP = textwrap.dedent('''
+    import json, os, signal, sys
+    import __main__
+    import json as heavy  # stands for torch: a top-level import of an installed package
+    import helper_beside  # the script's own module: never preloaded
+    attempt, rank = os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["RANK"]
+    record = {
+        "argv": sys.argv, "orig_argv": sys.orig_argv, "path0": sys.path[0], "cwd": os.getcwd(),
+        "env": dict(os.environ), "ppid": os.getppid(), "session_leader": os.getsid(0) == os.getpid(),
+        "name": __name__, "file": __file__, "main_file": __main__.__file__, "flags": list(sys.flags),
+        "signals": {n: str(signal.getsignal(getattr(signal, n))) for n in ("SIGTERM", "SIGINT", "SIGPIPE", "SIGUSR1")},
+        "loader": type(__main__.__loader__).__name__, "helper_loaded_by": helper_beside.LOADED_BY,
+    }
+    with open(os.path.join(os.environ["DUMP_DIR"], f"{attempt}-{rank}.json"), "w") as f:
+        json.dump(record, f)
+    print(f"out {rank} {attempt}")
+    print(f"err {rank} {attempt}", file=sys.stderr)
+    if attempt == "0" and rank == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if attempt == "0":
+        signal.pause()  # until the agent stops this generation
+    sys.exit(0)
+''')
+# Values that belong to one run (ids, ports, temporary directories, the agent's pid), not to how
+# a worker was started.
+PER_RUN = {"TORCHELASTIC_ERROR_FILE", "EFT_START_TIME", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "EFT_RUN_ID",
+           "EFT_ENDPOINT", "EFT_RUN_DIR", "EFT_NODE_ID"}
+
+
+def _job(tmp_path: Path, name: str, *flags: str) -> tuple[subprocess.CompletedProcess, dict, dict, int]:
+    folder = tmp_path / name
+    (folder / "dump").mkdir(parents=True)
+    (folder / "job").mkdir()
+    (folder / "job" / "train.py").write_text(DUMP)
+    (folder / "job" / "helper_beside.py").write_text("import os\nLOADED_BY = os.environ.get('RANK')\n")
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "launcher.eft_run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+         "--log-dir", str(folder / "logs"), "--redirects", "3", *flags, "job/train.py", "--lr", "0.1"],
+        cwd=folder, env={**os.environ, "DUMP_DIR": "dump", "PYTHONPATH": str(Path.cwd())},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output, _ = agent.communicate(timeout=120)
+    dumps = {p.stem: json.loads(p.read_text().replace(str(folder), "<job folder>"))
+             for p in (folder / "dump").glob("*.json")}
+    logs = {str(p.relative_to(folder / "logs")).split("/", 1)[1]: p.read_text()
+            for p in (folder / "logs").rglob("*.log")}
+    return subprocess.CompletedProcess(agent.args, agent.returncode, output), dumps, logs, agent.pid
+
+
+@pytest.mark.slow
+def test_a_warm_worker_is_the_worker_a_cold_start_would_be(tmp_path):
+    cold, cold_dumps, cold_logs, cold_agent = _job(tmp_path, "cold")
+    warm, warm_dumps, warm_logs, warm_agent = _job(tmp_path, "warm", "--eft-warm-workers")
+    assert cold.returncode == warm.returncode == 0, warm.stdout[-3000:]
+    # Two generations (rank 1 killed in the first), both started warm, one line per worker.
+    assert sorted(re.findall(r"local rank (\d): warm start in pid", warm.stdout)) == ["0", "0", "1", "1"], warm.stdout
+    assert "warm start" not in cold.stdout
+    assert sorted(cold_dumps) == sorted(warm_dumps) == ["0-0", "0-1", "1-0", "1-1"]
+    for key, c in cold_dumps.items():
+        w = warm_dumps[key]
+        differing = {n for n in set(c["env"]) | set(w["env"]) if c["env"].get(n) != w["env"].get(n)}
+        assert differing <= PER_RUN, (key, {n: (c["env"].get(n), w["env"].get(n)) for n in differing - PER_RUN})
+        assert (c.pop("ppid"), w.pop("ppid")) == (cold_agent, warm_agent)  # the worker's parent is its agent
+        c.pop("env"), w.pop("env")
+        assert c == w, key
+        assert w["cwd"] == "<job folder>" and w["path0"] == "<job folder>/job" and w["argv"] == ["job/train.py", "--lr", "0.1"] and w["session_leader"] and w["helper_loaded_by"] == key[-1]
+    # The same log files per rank and attempt, with the same lines.
+    assert cold_logs == warm_logs and cold_logs["attempt_1/1/stderr.log"] == "err 1 1\n"
+
+
+# -- doubt, one case at a time, on a real pool and real interpreters -------------------------
+
+
+@pytest.fixture
+def script(tmp_path):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "preloaded_mod.py").write_text("VERSION = 1\n")
+    path = tmp_path / "job.py"
+    path.write_text("import os, sys\nimport preloaded_mod\n"
+                    "print('version', preloaded_mod.VERSION, 'pid', os.getpid(), 'foo', os.environ.get('FOO'))\n"
+                    "sys.exit(int(os.environ.get('EXIT', '0')))\n")
+    return path
+
+
+def _pool(tmp_path, preload="auto") -> WarmPool:
+    pool = WarmPool(StartConfig(warm_workers=True, preload=preload), tmp_path / "run", die_with_agent=True)
+    return pool
+
+
+def _start(pool: WarmPool, script: Path, tmp_path: Path, env: dict, caplog) -> tuple[int, str, str]:
+    """One worker started through the pool, as torch's handler would: (exit code, stdout, log line)."""
+    out, err = open(tmp_path / "w.out", "w+"), open(tmp_path / "w.err", "w+")  # noqa: SIM115
+    argv = (sys.executable, "-u", str(script))
+    with pool.handlers():  # as the agent's start of the workers: the pool is filled again after it
+        proc = pool.start(argv, env, {"RANK", "EXIT"}, out, err, 0)  # torch's per-rank variables
+        if proc is None:  # torch's own start
+            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, start_new_session=True)
+    code = proc.wait(timeout=60)
+    with caplog.at_level(logging.INFO, logger="elasticft.agent.warm_pool"):
+        pool.tick()
+    out.seek(0), err.seek(0)
+    lines = [r.getMessage() for r in caplog.records if "start" in r.getMessage()]
+    caplog.clear()
+    return code, out.read() + err.read(), (lines or [""])[-1]
+
+
+def _ready(pool: WarmPool, script: Path, tmp_path: Path) -> dict:
+    """The agent's environment (the interpreters start with it); a worker's is it and its own."""
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "lib"), str(Path.cwd())])
+    pool.stand_ready(sys.executable, ("-u", str(script)), 1)
+    return dict(os.environ)
+
+
+@pytest.fixture(autouse=True)
+def _restore_environ():
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_a_warm_start_runs_the_script_with_its_exit_status_and_refills(script, tmp_path, caplog):
+    pool = _pool(tmp_path)
+    env = _ready(pool, script, tmp_path)
+    code, out, line = _start(pool, script, tmp_path, {**env, "EXIT": "3", "EFT_TP": "2"}, caplog)
+    assert code == 3 and "version 1" in out and re.fullmatch(r"local rank 0: warm start in pid \d+", line)
+    assert f"pid {line.split()[-1]}" in out  # the pid the agent was given is the worker's
+    assert len(pool._idle) == 1  # a replacement stands ready
+    pool.close()
+
+
+def test_an_idle_interpreter_killed_is_a_cold_start_and_is_replaced(script, tmp_path, caplog):
+    pool = _pool(tmp_path)
+    env = _ready(pool, script, tmp_path)
+    (idle,) = pool._idle
+    os.kill(idle.proc.pid, signal.SIGKILL)
+    idle.proc.wait()
+    with caplog.at_level(logging.INFO, logger="elasticft.agent.warm_pool"):
+        code, out, line = _start(pool, script, tmp_path, env, caplog)
+    assert code == 0 and "version 1" in out
+    assert line == f"local rank 0: cold start (the warm interpreter pid {idle.proc.pid} died while idle (exit -9))"
+    assert len(pool._idle) == 1 and pool._idle[0].proc.poll() is None  # replaced
+    code, out, line = _start(pool, script, tmp_path, env, caplog)
+    assert code == 0 and "version 1" in out and "warm start" in line
+    pool.close()
+
+
+def test_a_changed_environment_or_module_file_is_a_cold_start_in_place(script, tmp_path, caplog):
+    pool = _pool(tmp_path)
+    env = _ready(pool, script, tmp_path)
+    code, out, line = _start(pool, script, tmp_path, {**env, "FOO": "bar"}, caplog)
+    assert code == 0 and "foo bar" in out
+    assert line.endswith("in the warm interpreter's place: environment changed since it started: FOO"), line
+    pid = re.search(r"in pid (\d+)", line)[1]
+    assert f"pid {pid} " in out  # exec'd in place: the same pid
+    (tmp_path / "lib" / "preloaded_mod.py").write_text("VERSION = 2  # updated between restarts\n")
+    code, out, line = _start(pool, script, tmp_path, env, caplog)
+    assert "version 2" in out and "a loaded module's file changed on disk" in line and "preloaded_mod.py" in line
+    pool.close()
+
+
+def test_an_import_error_in_a_preloaded_module_is_a_cold_start_with_the_users_error(script, tmp_path, caplog):
+    (tmp_path / "lib" / "broken_mod.py").write_text("raise RuntimeError('broken at import')\n")
+    pool = _pool(tmp_path, preload="auto,broken_mod")
+    env = _ready(pool, script, tmp_path)
+    code, out, line = _start(pool, script, tmp_path, env, caplog)
+    assert code == 0 and "version 1" in out  # the script itself never imports it: it runs as it would cold
+    assert line.endswith("could not import broken_mod: RuntimeError: broken at import"), line
+    pool.close()
+
+
+def test_commands_a_warm_interpreter_cannot_take_are_named():
+    assert parse_python_command("/opt/bin/train", ["--x"]).endswith("(--no-python)")
+    assert "-c" in parse_python_command(sys.executable, ["-c", "print(1)"])
+    command = parse_python_command(sys.executable, ["-u", "-X", "dev", "-m", "pkg.mod", "--lr", "1"])
+    assert (command.options, command.module, command.args) == (("-u", "-X", "dev"), "pkg.mod", ("--lr", "1"))
+    assert changed_variables({"A": "1", "EFT_TP": "1", "RANK": "0"}, {"A": "2", "EFT_TP": "2", "RANK": "1"},
+                             {"RANK"}) == ["A"]
