@@ -165,7 +165,8 @@ class WarmPool:
                 why = f"the warm interpreter pid {warm.proc.pid} died while idle (exit {warm.proc.returncode})"
                 warm.control.close()
                 continue
-            handoff = Handoff(program, [str(a) for a in args], dict(env), os.getcwd(), sorted(per_rank))
+            _normal_priority(warm.proc.pid)  # a worker waits on it now, even if it is still importing
+            handoff = Handoff(program, [str(a) for a in args], dict(env), os.getcwd(), sorted(per_rank), time.time())
             fds = [(stdout or sys.stdout).fileno(), (stderr or sys.stderr).fileno()]
             try:
                 socket.send_fds(warm.control, [handoff.encode()], fds)
@@ -216,6 +217,20 @@ class WarmPool:
         for warm in self._idle:
             warm.discard()
         self._idle = []
+
+
+def _normal_priority(pid: int) -> None:
+    """Every thread of ``pid`` back from ``SCHED_IDLE`` (threads keep their own policy: one left
+    idle would starve on a busy node, and even the process's exit waits for it)."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in threads:
+        try:
+            os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
+        except (OSError, ValueError, AttributeError):
+            pass
 
 
 class WarmHandler(torch_seam.subprocess_handler_class()):

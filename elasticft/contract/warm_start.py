@@ -89,6 +89,7 @@ class Handoff:
     env: dict[str, str]  # the worker's whole environment
     cwd: str
     per_rank: list[str] = field(default_factory=list)  # torch's per-rank variables (may differ)
+    sent_at: float = 0.0  # unix time: the worker's start (it may still be importing then)
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode() + b"\n"

@@ -27,7 +27,6 @@ import os
 import signal
 import socket
 import sys
-import time
 import types
 
 from elasticft.contract.warm_start import Handoff, Spawn, changed_variables, parse_python_command, reply_line
@@ -47,7 +46,8 @@ def _die_with_agent(agent_pid: int) -> None:
 
 def _idle_priority(idle: bool) -> None:
     """Import on CPU time nothing else wants (``SCHED_IDLE``), so that a refill never slows the
-    workers that just started; back to the normal policy to become a worker (allowed unprivileged)."""
+    workers that just started; back to the normal policy to become a worker (allowed unprivileged;
+    the agent already did it for every thread, before the handoff: ``WarmPool.start``)."""
     try:
         policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
         os.sched_setscheduler(0, policy, os.sched_param(0))
@@ -205,10 +205,10 @@ def _run_cold(handoff: Handoff) -> None:
         os._exit(127)
 
 
-def _run_warm(handoff: Handoff, handed_at: float) -> None:
+def _run_warm(handoff: Handoff) -> None:
     from elasticft.worker.progress import became_worker_at
 
-    became_worker_at(handed_at)  # the worker's start, as the heartbeats tell it
+    became_worker_at(handoff.sent_at)  # the worker's start, as the heartbeats tell it
     command = parse_python_command(handoff.program, handoff.args)
     os.environ.clear()
     os.environ.update(handoff.env)
@@ -247,7 +247,6 @@ def main(argv: list[str]) -> None:
     import_error = preload(modules_to_preload(spawn))
     files = loaded_files()
     message, fds, _flags, _addr = socket.recv_fds(control, MAX_HANDOFF, 2)
-    handed_at = time.time()
     if not message or len(fds) != 2:  # the agent closed the pool: nothing to become
         os._exit(0)
     _idle_priority(False)
@@ -259,7 +258,7 @@ def main(argv: list[str]) -> None:
     control.close()
     if why is not None:
         _run_cold(handoff)
-    _run_warm(handoff, handed_at)
+    _run_warm(handoff)
 
 
 if __name__ == "__main__":
