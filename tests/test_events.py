@@ -25,7 +25,7 @@ WIRE = {
     "ROLLBACK": "rollback", "TRANSIENT_FAULT": "transient_fault", "DATA_SKIPPED": "data_skipped",
     "NODE_SUSPECT": "node_suspect",
     "NO_PROGRESS": "no_progress", "RESTART_BUDGET_EXHAUSTED": "restart_budget_exhausted",
-    "ETCD_UNAVAILABLE": "etcd_unavailable",
+    "ETCD_UNAVAILABLE": "etcd_unavailable", "JOIN_HELD": "join_held", "JOIN_LET_IN": "join_let_in",
 }
 
 # One event of each kind with the fields its writer records (values as the writers make them).
@@ -71,6 +71,8 @@ SAMPLES = {
     EventKind.NO_PROGRESS: {"cycles": 3, "limit": 3, "reached": 8, "checkpoint": 5},
     EventKind.RESTART_BUDGET_EXHAUSTED: {"restarts": 3, "limit": 2},
     EventKind.ETCD_UNAVAILABLE: {"seconds": 7.04, "failed_requests": 222},
+    EventKind.JOIN_HELD: {"waiting": "host-d_4242_0", "round": 3, "after": 120, "wait": 600.0},
+    EventKind.JOIN_LET_IN: {"round": 3, "why": "checkpoint", "iteration": 180, "held": 2.31},
 }
 
 
@@ -117,6 +119,10 @@ def test_lines_say_what_happened():
                                             "workers reached iteration 8; newest checkpoint 5")
     assert describe(event(EventKind.NO_PROGRESS, cycles=3, limit=3, reached=None, checkpoint=None)) == (
         "job ended: 3 restart cycle(s) in a row without progress (limit 3); no checkpoint")
+    assert lines[EventKind.JOIN_HELD] == ("node host-d_4242_0 waits to join: held until the next checkpoint "
+                                          "(at most 600 s)")
+    assert lines[EventKind.JOIN_LET_IN] == ("nodes waiting to join round 3 let in after 2.3 s: checkpoint of "
+                                            "iteration 180 complete")
     assert lines[EventKind.RESTART_BUDGET_EXHAUSTED] == "job ended: 3 restart(s) job-wide, more than the 2 allowed"
     assert lines[EventKind.ETCD_UNAVAILABLE] == (
         "etcd was out of reach for 7.0 s (222 request(s) failed); training went on")

@@ -69,6 +69,7 @@ from elasticft.agent.decide import (
 from elasticft.agent.exclusion import leave_if_straggler
 from elasticft.agent.hang_monitor import HangMonitor
 from elasticft.agent.job_end import close_before_leaving, record_job_end, why_left
+from elasticft.agent.join_gate import JoinGate
 from elasticft.agent.memory import MemoryService
 from elasticft.agent.numerics import NumericsWatch
 from elasticft.agent.observe import Observer
@@ -84,7 +85,7 @@ from elasticft.contract.progress import read_progress
 from elasticft.contract.records import layout_record
 from elasticft.contract.run_dir import WorkerEnv
 from elasticft.knobs import env_name
-from elasticft.rendezvous.backend import rendezvous_round, share_node_lease, stand_aside_if_cut
+from elasticft.rendezvous.backend import hold_joins, rendezvous_round, share_node_lease, stand_aside_if_cut
 from elasticft.settings import Settings
 from elasticft.slurm.worker_env import slurm_worker_env
 
@@ -159,6 +160,7 @@ class FTElasticAgent(LocalElasticAgent):
                 spec.local_world_size, self._settings.ft.lease_ttl, self._run_dir, self._settings.memory.domain())
             self._ctx.record(EventKind.NODE_JOINED, host=self._ctx.node.record.host, gpus=spec.local_world_size)
             share_node_lease(spec.rdzv_handler, self._ctx.node, self._ctx.membership)  # one lease, one watch
+            hold_joins(spec.rdzv_handler, JoinGate.for_agent(self._settings, self._ctx, spec.args))  # --eft-join-at
             self._ctx.client.outage.on_recovered(lambda seconds, failed: self._ctx.record(
                 EventKind.ETCD_UNAVAILABLE, seconds=round(seconds, 1), failed_requests=failed))
             self._budget = RestartBudget(self._ctx, self._settings.restarts, spec.max_restarts,

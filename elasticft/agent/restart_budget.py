@@ -30,7 +30,6 @@ same round (or finds the verdict after a failed rendezvous) ends the same way.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -42,13 +41,14 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from elasticft.agent.context import AgentContext
 from elasticft.agent.decide import RestartReason
+from elasticft.agent.join_gate import newest_checkpoint
 from elasticft.config import RestartConfig
 from elasticft.contract.events import EventKind
 from elasticft.contract.exit_codes import ExitCode
 from elasticft.contract.progress import read_progress
 from elasticft.contract.restarts import Ending, ProgressMark, RestartRecord
 from elasticft.knobs import flag_name
-from elasticft.memckpt.index import MemIndex, complete_iterations
+from elasticft.memckpt.index import MemIndex
 from elasticft.store import StoreError
 from elasticft.torch_seam import write_error_file
 
@@ -257,19 +257,9 @@ class RestartBudget:
 
     def _newest_checkpoint(self) -> int | None:
         client, keys = self._ctx.client, self._ctx.keys
-        newest = []
         latest = client.get(keys.ckpt_latest)
-        if latest is not None:
-            try:
-                newest.append(int(json.loads(latest.value)["iteration"]))
-            except (ValueError, TypeError, KeyError) as exc:
-                log.debug("ignoring a malformed %s: %s", keys.ckpt_latest, exc)
-        parts = MemIndex(client, keys).parts()
-        if parts:
-            alive = set(self._ctx.membership.members()) | {self._ctx.node_id}
-            complete = complete_iterations(parts, alive)
-            newest += [complete[0].iteration] if complete else []
-        return max(newest, default=None)
+        alive = set(self._ctx.membership.members()) | {self._ctx.node_id}
+        return newest_checkpoint(latest.value if latest else None, MemIndex(client, keys).parts(), alive)
 
     def _read(self):
         current = self._ctx.client.get(self._ctx.keys.restarts)

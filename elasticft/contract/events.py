@@ -36,6 +36,13 @@ class EventKind(enum.StrEnum):
     NODE_EXCLUDED = "node_excluded"
     # Rank 0's agent published the planner's layout for a round; tp, pp, dp, used, world_size, spare (ranks).
     LAYOUT = "layout"
+    # The members hold a node that waits to join until the next checkpoint (--eft-join-at save), recorded by
+    # the member that holds it; waiting (the node, as the rendezvous names it), round (the one it waits in),
+    # after (the newest checkpoint then; None: none), wait (the most seconds).
+    JOIN_HELD = "join_held"
+    # The members let the nodes waiting to join in (they restart for them now); round, why (checkpoint or
+    # waited), iteration (the checkpoint; None: none), held (seconds).
+    JOIN_LET_IN = "join_let_in"
     # The source's agent restarts its workers; reason, remaining_restarts, max_restarts.
     RESTART = "restart"
     # A new request for a save; request_id, reason, requester, exit, risk (None unless risk-driven).
@@ -184,6 +191,12 @@ _LINES: dict[EventKind, Callable[[_Fields], str]] = {
     EventKind.LAYOUT: lambda f: (
         f"new layout TP{f['tp']} x PP{f['pp']} x DP{f['dp']} on {f['used']} of {f['world_size']} GPUs"
         + _spare(f.event)),
+    EventKind.JOIN_HELD: lambda f: (
+        f"node {f['waiting']} waits to join: held until the next checkpoint (at most {f.num('wait', 'g')} s)"),
+    EventKind.JOIN_LET_IN: lambda f: (
+        f"nodes waiting to join round {f['round']} let in after {f.num('held', '.1f')} s"
+        + (f": checkpoint of iteration {f['iteration']} complete" if f.event.get("why") == "checkpoint"
+           else ": no checkpoint came in time")),
     EventKind.RESTART: lambda f: (
         f"workers restarted ({f['reason']}); {f['remaining_restarts']} of {f['max_restarts']} restarts left"),
     EventKind.CKPT_REQUEST: lambda f: (

@@ -150,7 +150,7 @@ class RunKeys:
     @property
     def rdzv_control(self) -> str:
         """Prefix of the few keys every node in the rendezvous watches: round pointer,
-        decisions, closers, waiting markers, closed."""
+        decisions, closers, waiting markers, held joins, closed."""
         return self.root + "rdzv/ctl/"
 
     @property
@@ -189,6 +189,12 @@ class RunKeys:
         """Present while a node waits in round ``round_`` after round ``round_ - 1`` formed
         (under that node's lease): the members of ``round_ - 1`` watch for it."""
         return f"{self.rdzv_control}waiting/{round_}"
+
+    def rdzv_held(self, round_: int) -> str:
+        """Present while the members of round ``round_ - 1`` hold the nodes waiting in round
+        ``round_`` until the next checkpoint (``--eft-join-at save``; ``records.JoinHold``), under
+        the lease of the member that holds them; deleted when round ``round_`` closes."""
+        return f"{self.rdzv_control}held/{round_}"
 
     @property
     def rdzv_asides(self) -> str:

@@ -5,7 +5,9 @@
   membership watch and ``eft top``;
 * ``CheckpointRequest`` (``ckpt/request``), relayed unchanged to the workers as
   ``request.json``, and ``RequestReason``;
-* ``layout_record`` (``layout``): one rendezvous round and its plan.
+* ``layout_record`` (``layout``): one rendezvous round and its plan;
+* ``JoinHold`` (``rdzv/ctl/held/<r>``): the members hold the nodes waiting to join until a
+  checkpoint (``--eft-join-at save``), and ``LetIn``, why they let them in.
 """
 
 from __future__ import annotations
@@ -180,3 +182,43 @@ def layout_record(chosen: PlanLike | None, round_id: int, world_size: int | None
                        "used": chosen.used, "spare": chosen.spare, "spare_nodes": chosen.spare_nodes,
                        "used_per_node": chosen.used_per_node, "reason": chosen.reason}
     return json.dumps({**plan_fields, "round": round_id})
+
+
+class LetIn(enum.StrEnum):
+    """Why the members let the nodes waiting to join in (``JoinHold.let_in``)."""
+
+    CHECKPOINT = "checkpoint"  # a checkpoint of either tier newer than the hold's ``after`` is complete
+    WAITED = "waited"  # none came within ``--eft-join-wait`` seconds
+
+
+@dataclass(frozen=True)
+class JoinHold:
+    """The value of ``rdzv/ctl/held/<r>``: the members of round ``r - 1`` hold the nodes that
+    wait in round ``r`` until the next checkpoint, at most ``wait`` seconds.
+
+    Created once (if absent) by the member that saw them first, under its lease; that member
+    (``by``) watches the checkpoints and rewrites the record with ``let_in`` when it lets them
+    in, which every member and the waiting nodes see in the control keys they watch anyway.
+    ``after`` is the newest complete checkpoint (either tier) when the hold began (None: none).
+    """
+
+    by: str
+    waiting: str  # the first waiting node, as the rendezvous names it
+    after: int | None
+    wait: float
+    let_in: str | None = None  # a LetIn once they are let in
+    iteration: int | None = None  # the checkpoint they were let in at
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> "JoinHold":
+        """Raises ValueError (TypeError for a field of the wrong type) on a malformed record."""
+        record = json.loads(data)
+        if not isinstance(record, dict):
+            raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+        after, iteration = record.get("after"), record.get("iteration")
+        return cls(by=str(record["by"]), waiting=str(record.get("waiting", "")),
+                   after=None if after is None else int(after), wait=float(record["wait"]),
+                   let_in=record.get("let_in"), iteration=None if iteration is None else int(iteration))

@@ -33,6 +33,7 @@ from elasticft.rendezvous.handler import (
     RendezvousStoreUnavailable,
     node_name,
 )
+from elasticft.rendezvous.held import Admission
 from elasticft.rendezvous.membership import Membership, NodeLease
 from elasticft.rendezvous.rounds import RoundLimits, Rounds
 from elasticft.store import EtcdClient, StoreOptions, StoreUnavailable, connect
@@ -201,6 +202,13 @@ def share_node_lease(handler: RendezvousHandler, node: NodeLease, membership: Me
     (one keep-alive and one watch event per node, not two; ``round_lease``, ``member_losses``)."""
     if isinstance(handler, EtcdRendezvousHandler):
         handler.rounds.share_with_agent(node.lease, node.rejoin, membership.lost.is_set)
+
+
+def hold_joins(handler: RendezvousHandler, admission: Admission) -> None:
+    """Under eft's agent: ask ``admission`` before nodes waiting to join count as waiting
+    (``held.py``; ``--eft-join-at``). Other backends: nodes join as torch lets them."""
+    if isinstance(handler, EtcdRendezvousHandler):
+        handler.rounds.admission = admission
 
 
 def close_for_everyone(handler: RendezvousHandler) -> None:

@@ -20,7 +20,8 @@ A round ``r`` is formed like this (keys in ``contract/keys.py``):
   ``r + 1``; the first such node marks ``rdzv/ctl/waiting/<r+1>`` (under its lease).
   The members of ``r`` see the marker in their control watch, and see lost members in
   a watch on their round's keys that starts at R (nothing read): ``waiting()`` answers
-  from memory, with a count request only when someone waits and the round is not full.
+  from memory, with a count request only when someone waits and the round is not full
+  (and the agent's ``admission`` lets newcomers in now: ``held.py``).
 
 When membership does not change nothing is written: the only traffic is lease keep-alives.
 A node that cannot reach its round's master stands aside (``aside.py``, ``stand_aside``).
@@ -42,6 +43,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from elasticft.contract.keys import RunKeys
+from elasticft.rendezvous.held import Admission, HeldWait
 from elasticft.rendezvous.keyset import KeySet
 from elasticft.rendezvous.member_losses import AgentLosses, MemberLosses, ParticipantWatch
 from elasticft.rendezvous.round_lease import OwnLease, RoundLease, SharedLease
@@ -105,6 +107,8 @@ class Rounds:
         self._current: Round | None = None
         self._losses: MemberLosses = ParticipantWatch(client, keys)  # members gone since my round formed
         self.cas_losses = 0  # roles or decisions another node created first (bench figure)
+        self.admission: Admission | None = None  # asked before newcomers count as waiting (held.py)
+        self._held = HeldWait(node, limits.join_timeout)
 
     # -- waking up -------------------------------------------------------------
 
@@ -193,7 +197,7 @@ class Rounds:
         prefix = self.keys.rdzv_participants(number)
         count, revision = self.client.count_range(prefix, prefix_end(prefix))
         decision = json.dumps({"revision": revision, "size": min(count, self.limits.max_nodes)})
-        done = (self.keys.rdzv_closer(number), self.keys.rdzv_waiting(number))
+        done = (self.keys.rdzv_closer(number), self.keys.rdzv_waiting(number), self.keys.rdzv_held(number))
         if number >= KEPT_DECISIONS:
             done += (self.keys.rdzv_decision(number - KEPT_DECISIONS),)
         if self.client.create(self.keys.rdzv_decision(number), decision, delete=done):
@@ -244,6 +248,7 @@ class Rounds:
                 seen = self._generation
                 control = self._watch_control()
                 self._check_run(control, waiting_in=number)
+                deadline = self._held.deadline(number, control.get(self.keys.rdzv_held(number)), deadline)
                 if leave_if is not None and leave_if(control.snapshot()):
                     raise OddOneOut(number)
                 decision = control.get(decision_key)
@@ -303,6 +308,8 @@ class Rounds:
 
     def _stop_watching_round(self) -> None:
         self._losses.close()
+        if self.admission is not None:
+            self.admission.close()
 
     def waiting(self) -> int:
         """Nodes the current round's members should re-rendezvous for.
@@ -320,6 +327,8 @@ class Rounds:
             lost = self._losses.lost(formed, control)
             if not self.someone_waits() or formed.size - lost >= self.limits.max_nodes:
                 return lost
+            if not lost and self.admission is not None and not self.admission.admit(formed, control):
+                return 0  # the members hold the newcomers back (held.py); a loss restarts with them
             following = self.keys.rdzv_participants(formed.number + 1)
             count, _ = self.client.count_range(following, prefix_end(following))
             return lost + max(count, 1)

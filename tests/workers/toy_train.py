@@ -52,7 +52,15 @@ if rank == 0:
         json.dump({"endpoint": os.environ.get("EFT_ENDPOINT"), "run_id": os.environ.get("EFT_RUN_ID")}, f)
 
 checkpoints = CheckpointDir(args.ckpt, keep=args.keep)
-resumed, state = checkpoints.load_latest(lambda path, it: torch.load(os.path.join(path, f"rank{rank}.pt")))
+
+
+def load(path, _iteration):
+    """This rank's state; in a world that grew since the save, rank 0's (every rank's count is the same)."""
+    own = os.path.join(path, f"rank{rank}.pt")
+    return torch.load(own if os.path.exists(own) else os.path.join(path, "rank0.pt"))
+
+
+resumed, state = checkpoints.load_latest(load)
 iteration = resumed or 0
 trained = state["trained"] if state else torch.zeros(1)
 if args.exit_signal_handler:
