@@ -61,7 +61,8 @@ def agent(endpoint: str, run_id: str, out: Path, args, name: str, faults: str) -
            "--eft-node-id", name, "--eft-health-interval", "0.5", "--max-restarts", "1",
            "--eft-mem-ckpt-interval", str(0 if args.no_memory else args.mem_ckpt_interval)]
     if not getattr(args, "cold_workers", False):
-        cmd += ["--eft-warm-workers"]  # restarts start in interpreters that imported torch ahead of need
+        # restarts start in interpreters that imported torch and megatron-core ahead of need
+        cmd += ["--eft-warm-workers", "--eft-preload", "auto,gpt_preload"]
     if faults:
         cmd += ["--eft-inject", faults]
     cmd += getattr(args, "agent_flags", [])  # tests add their own eft-run flags
