@@ -197,3 +197,16 @@ def test_commands_a_warm_interpreter_cannot_take_are_named():
     assert (command.options, command.module, command.args) == (("-u", "-X", "dev"), "pkg.mod", ("--lr", "1"))
     assert changed_variables({"A": "1", "EFT_TP": "1", "RANK": "0"}, {"A": "2", "EFT_TP": "2", "RANK": "1"},
                              {"RANK"}) == ["A"]
+
+
+def test_auto_preloads_the_opening_imports_of_installed_packages_only(tmp_path):
+    from elasticft.worker.warm_interpreter import auto_preload
+
+    (tmp_path / "own_module.py").write_text("")
+    script = tmp_path / "train.py"
+    script.write_text('"""doc"""\nfrom __future__ import annotations\nimport os, json\n'
+                      "try:\n    import csv\nexcept ImportError:\n    csv = None\n"
+                      "from email import message\nimport own_module\nimport decimal\n")
+    assert auto_preload(str(script)) == ["os", "json", "csv", "email"]  # stops at the script's own module
+    script.write_text("import os\nos.environ['X'] = '1'  # may change what the next import does\nimport json\n")
+    assert auto_preload(str(script)) == ["os"]

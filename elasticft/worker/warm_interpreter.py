@@ -68,8 +68,12 @@ def entry_file(spawn: Spawn) -> str | None:
     return spec.origin if spec is not None and spec.origin and spec.origin.endswith(".py") else None
 
 
-def top_level_imports(path: str) -> list[str]:
-    """The absolute imports at ``path``'s top level (inside top-level ``try``/``if`` too), in order."""
+def leading_imports(path: str) -> list[tuple[str, bool]]:
+    """The imports that open ``path``, up to its first statement of any other kind: (module,
+    absolute). A ``try`` of imports only (an optional dependency) counts as imports; the
+    module's docstring is skipped. What the script does after that first statement (enable an
+    emulation, change ``sys.path``, import its own modules) may change what an import does, so
+    nothing after it is preloaded."""
     import ast
 
     try:
@@ -77,22 +81,27 @@ def top_level_imports(path: str) -> list[str]:
             tree = ast.parse(f.read(), path)
     except (OSError, SyntaxError, ValueError):
         return []
-    names: list[str] = []
-    todo = list(tree.body)
-    while todo:
-        node = todo.pop(0)
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.append(node.module)
-        elif isinstance(node, (ast.Try, ast.If)):
-            todo[:0] = list(node.body)
-    return list(dict.fromkeys(names))
+    body = list(tree.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    found: list[tuple[str, bool]] = []
+    for node in body:
+        if isinstance(node, ast.Try) and all(isinstance(n, (ast.Import, ast.ImportFrom)) for n in node.body):
+            nodes = node.body
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            nodes = [node]
+        else:
+            break
+        for statement in nodes:
+            if isinstance(statement, ast.Import):
+                found += [(alias.name, True) for alias in statement.names]
+            else:
+                found.append((statement.module or "", statement.level == 0 and bool(statement.module)))
+    return found
 
 
 def _beside(entry: str, name: str) -> bool:
-    """Whether ``name`` is a plain module next to the entry: the script's own code, not preloaded
-    (it changes between restarts, and its import may do the job's work)."""
+    """Whether ``name`` is a plain module next to the entry: the script's own code."""
     import importlib.util
 
     top = name.split(".")[0]
@@ -106,11 +115,23 @@ def _beside(entry: str, name: str) -> bool:
     return spec.submodule_search_locations is None and os.path.dirname(os.path.realpath(spec.origin)) == folder
 
 
+def auto_preload(entry: str) -> list[str]:
+    """``--eft-preload auto``: the script's opening imports of installed packages, up to the first
+    import of its own code (a relative import, a plain module beside it) or other statement."""
+    modules = []
+    for name, absolute in leading_imports(entry):
+        if not absolute or _beside(entry, name):
+            break
+        if name != "__future__":
+            modules.append(name)
+    return modules
+
+
 def modules_to_preload(spawn: Spawn) -> list[str]:
     modules = list(spawn.modules)
     entry = entry_file(spawn) if spawn.auto else None
     if entry is not None:
-        modules += [m for m in top_level_imports(entry) if m != "__future__" and not _beside(entry, m)]
+        modules += auto_preload(entry)
     return list(dict.fromkeys(modules))
 
 

@@ -110,10 +110,13 @@ def test_a_lost_node_resumes_from_memory_at_the_new_layout_and_without_the_tier_
 
 def test_a_disk_checkpoint_newer_than_memory_wins(tmp_path):
     """Snapshots every 4 iterations, Megatron's saves every 3, a rank killed after iteration 7:
-    memory holds iteration 4, disk 6, and the restart loads disk's 6 through Megatron's load."""
+    memory holds iteration 4, disk 6, and the restart loads disk's 6 through Megatron's load.
+    In warm interpreters that imported megatron-core and Megatron-LM's loop ahead of need: eft
+    attached to the loop there as it does in a cold worker."""
     ckpt = tmp_path / "ckpt"
     job = Launched([sys.executable, "-m", "launcher.eft_run", "--standalone", "--nproc-per-node", "2",
                     "--monitor-interval", "0.1", "--eft-health-source", "none", "--max-restarts", "1",
+                    "--eft-warm-workers", "--eft-preload", "auto,warm_preload",
                     "--eft-mem-ckpt-interval", "4", "--eft-inject", "rank_killed:1@7",
                     str(SCRIPT), *MODEL, "--train-iters", "8", "--save", str(ckpt), "--load", str(ckpt),
                     "--save-interval", "3"], tmp_path / "job.log", env={**ENV, "EFT_TEST_JOB": str(tmp_path)})
@@ -123,6 +126,7 @@ def test_a_disk_checkpoint_newer_than_memory_wins(tmp_path):
     finally:
         job.stop()
     assert "memory checkpoint 4 is older than disk checkpoint 6: loading from disk" in log
+    assert sorted(re.findall(r"local rank (\d): warm start in pid", log)) == ["0", "0", "1", "1"], log[-3000:]
     assert RESUMED.findall(log) == [("6", "disk", "1")]
     assert re.search(r"successfully loaded checkpoint from \S+/ckpt .*at iteration 6", log)
     assert leftovers(tmp_path) == []
