@@ -238,7 +238,7 @@ def _account(report: Breakdown, events: list[dict]) -> None:
             seconds["restart"] += max(gen.stopped - acted_at, 0.0) * used
             next_first = following.first_step if following and following.first_step else report.end
             report.failures.append(Failure(
-                time=gen.last_beat, cause=_cause(events, gen, acted), detection_seconds=acted_at - tail_from,
+                time=gen.last_beat, cause=_cause(events, gen, acted, following), detection_seconds=acted_at - tail_from,
                 downtime_seconds=next_first - gen.last_beat,
                 iterations_lost=max(last_it - ((following.first_iteration or 1) - 1), 0) if following
                 and isinstance(following.first_iteration, int) else 0))
@@ -262,13 +262,15 @@ def _clamp_starts(report: Breakdown) -> None:
         floor = max(gen.stopped, gen.accounted_until)
 
 
-def _cause(events: list[dict], gen: Generation, acted: dict | None) -> str:
-    lost = _first_after(events, {EventKind.NODE_LOST}, gen.last_beat, gen.stopped + 60.0)
+def _cause(events: list[dict], gen: Generation, acted: dict | None, following: Generation | None) -> str:
+    # Up to the next workers' start at most: a node lost after a quick restart is the next failure's.
+    until = min(gen.stopped + 60.0, following.started) if following is not None else gen.stopped + 60.0
+    lost = _first_after(events, {EventKind.NODE_LOST}, gen.last_beat, until)
     if lost is not None:
         return "node lost: " + ", ".join(map(str, lost.get("nodes") or ["?"]))
     if acted is not None and acted.get("kind") == EventKind.HANG:
         return f"hang: rank {acted.get('rank')} in {acted.get('section')}"
-    restart = _first_after(events, {EventKind.RESTART}, gen.last_beat, gen.stopped + 60.0)
+    restart = _first_after(events, {EventKind.RESTART}, gen.last_beat, until)
     if restart is not None:
         return str(restart.get("reason") or "restart").replace("_", " ")
     return "workers failed"
