@@ -47,11 +47,13 @@ def load_facts() -> tuple[str | None, int | None]:
 
 def loaded(tier: str, path: str | os.PathLike | None = None) -> None:
     """The newest state is loaded from ``tier`` (memory, disk, or none: nothing to load), read
-    from the checkpoint at ``path``, whose size on storage is recorded. Inert without eft-run."""
+    from the checkpoint at ``path``, whose size on storage is recorded (by local rank 0 only, the
+    heartbeat its agent reads: a shared filesystem gets one listing per node). Inert without eft-run."""
     if not _active():
         return
     stamp(RestartPhase.LOAD)
-    _load.update(tier=str(LoadTier(tier)), bytes=_size(path) if path else 0)
+    sized = os.environ.get("LOCAL_RANK", "0") == "0"
+    _load.update(tier=str(LoadTier(tier)), bytes=0 if not path else _size(path) if sized else None)
 
 
 def _size(path: str | os.PathLike) -> int | None:
