@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import json
 import pickle
@@ -264,6 +265,40 @@ def write_error_file(path: str | Path, message: str) -> str:
     data = {"message": {"message": message, "extraInfo": {"timestamp": str(int(time.time()))}}}
     Path(path).write_text(json.dumps(data))
     return str(path)
+
+
+# -- the worker's process group ---------------------------------------------------------
+
+
+def observe_init_process_group(called: Callable[[], None], returned: Callable[[], None]) -> None:
+    """Have ``called()`` run when this process calls ``torch.distributed.init_process_group``
+    and ``returned()`` when the call returns (``eft report``'s restart phases: the script's
+    imports end at the call, the process group is formed at the return).
+
+    torch offers no callback for it, so eft replaces the public function by a wrapper that
+    calls the original, in the two places a script finds it: ``torch.distributed`` and its
+    ``distributed_c10d`` (one function; a torch that made them two fails here). A script that
+    bound the function before this ran calls the original, unobserved. Idempotent.
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    original = _attribute(distributed_c10d, "init_process_group")
+    if getattr(original, "eft_observed", False):
+        return
+    if _attribute(dist, "init_process_group") is not original:
+        raise TorchSeamError("torch.distributed.init_process_group is not distributed_c10d.init_process_group")
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        called()
+        result = original(*args, **kwargs)
+        returned()
+        return result
+
+    init_process_group.eft_observed = True
+    _replace_attribute(distributed_c10d, "init_process_group", init_process_group)
+    _replace_attribute(dist, "init_process_group", init_process_group)
 
 
 # -- checked at import -------------------------------------------------------------------

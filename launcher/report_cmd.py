@@ -18,6 +18,8 @@ import typer
 
 from elasticft.agent.events import EventLog
 from elasticft.contract.keys import RunKeys
+from elasticft.contract.phases import ORDER
+from elasticft.goodput import phases
 from elasticft.goodput.breakdown import CATEGORIES, CATEGORY_HELP, Breakdown, ReportError, breakdown
 from elasticft.goodput.costs import young_daly_interval
 from elasticft.goodput.svg import SvgError
@@ -93,8 +95,12 @@ def as_json(report: Breakdown, interval: dict) -> dict:
                               "share": report.seconds[name] / report.paid if report.paid else 0.0}
                        for name in CATEGORIES},
         "failures": [{"time": f.time - report.start, "cause": f.cause, "detection_seconds": f.detection_seconds,
-                      "downtime_seconds": f.downtime_seconds, "iterations_lost": f.iterations_lost}
+                      "downtime_seconds": f.downtime_seconds, "iterations_lost": f.iterations_lost,
+                      "phases": [span.to_json() for span in f.phases], "loaded_from": f.loaded_from,
+                      "loaded_bytes": f.loaded_bytes}
                      for f in report.failures],
+        "restart_phases": {"start": [span.to_json() for span in report.start_phases],
+                           "summed": phases.summed([f.phases for f in report.failures])},
         "iterations_redone": report.iterations_redone,
         "generations": [{"started": g.started - report.start, "first_step": None if g.first_step is None
                          else g.first_step - report.start, "stopped": g.stopped - report.start, "why": g.why,
@@ -126,7 +132,7 @@ def as_text(report: Breakdown, interval: dict, title: str) -> str:
                          f"{f.downtime_seconds:>8.1f}s  {f.iterations_lost:>5}  {f.cause}")
     else:
         lines.append("no failures")
-    lines.append("")
+    lines += ["", *phase_table(report), ""]
     used = interval["interval_seconds"]
     line = f"save interval in use: {used:.1f} s of training ({len(report.saves)} saves, " \
            f"{interval['save_seconds']:.2f} s stall each)"
@@ -139,8 +145,56 @@ def as_text(report: Breakdown, interval: dict, title: str) -> str:
     costs = report.costs
     lines.append(f"measured costs (eft simulate --costs, from --json): iteration {costs.iteration_seconds:.3f} s, "
                  f"detection {costs.detection_seconds:.1f} s, restart {costs.restart_seconds:.1f} s, "
-                 f"load {costs.load_seconds:.1f} s")
+                 f"load {costs.load_seconds:.1f} s" + (f", load from memory {costs.memory_load_seconds:.1f} s"
+                                                       if costs.memory_load_seconds else "")
+                 + " (the phases: detection | stop to spawn | imports to first step)")
     return "\n".join(lines)
+
+
+def _bytes(size: int | None) -> str:
+    if size is None:
+        return ""
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f" {size:.0f} {unit}" if unit == "B" else f" {size:.1f} {unit}"
+        size /= 1000
+    return ""
+
+
+def _cells(spans: list[phases.PhaseSpan], columns: list[str]) -> list[str]:
+    """One restart's cells: seconds (+ : it holds the phases marked - before it), blank: no such phase."""
+    by_name = {span.name: span for span in spans}
+    merged = {str(p) for span in spans for p in span.merged}
+    return [f"{by_name[c].seconds:.2f}" + ("+" if by_name[c].merged else "") if c in by_name
+            else "-" if c in merged else "" for c in columns]
+
+
+def phase_table(report: Breakdown) -> list[str]:
+    """The restarts taken apart, one row each, their sum, and the job's first start."""
+    restarts = [f.phases for f in report.failures]
+    spans = [span for row in [*restarts, report.start_phases] for span in row]
+    columns = [str(p) for p in ORDER] + (["unfinished"] if any(s.phase is None for s in spans) else [])
+    table = [["restart", *columns, "total", "loaded"]]
+    for number, failure in enumerate(report.failures, 1):
+        table.append([f"#{number} at {failure.time - report.start:.1f}s", *_cells(failure.phases, columns),
+                      f"{sum(s.seconds for s in failure.phases):.2f}",
+                      (failure.loaded_from or "") + _bytes(failure.loaded_bytes)])
+    if len(restarts) > 1:
+        summed = phases.summed(restarts)
+        table.append(["summed", *(f"{summed[c]:.2f}" if c in summed else "" for c in columns),
+                      f"{sum(summed.values()):.2f}", ""])
+    table.append(["job start", *_cells(report.start_phases, columns),
+                  f"{sum(s.seconds for s in report.start_phases):.2f}", ""])
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    lines = ["restart phases, seconds (each restart adds up to its downtime, last heartbeat to the next first step):"]
+    lines += ["  " + "  ".join(cell.ljust(w) if i in (0, len(line) - 1) else cell.rjust(w)
+                               for i, (cell, w) in enumerate(zip(line, widths))).rstrip() for line in table]
+    if any(span.merged for span in spans):
+        lines.append("  +: holds the phases marked - before it, which were not recorded (a worker without eft's "
+                     "hook, an older eft)")
+    if "unfinished" in columns:
+        lines.append("  unfinished: no first step followed; up to the job's end")
+    return lines
 
 
 def report_command(

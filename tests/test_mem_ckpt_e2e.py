@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pytest
 from bench.launch import read_jsonl
 from elasticft.contract.events import EventKind
 from elasticft.contract.keys import RunKeys
+from elasticft.contract.phases import ORDER
 from elasticft.memckpt.index import MemIndex
 from elasticft.store import StoreOptions, connect
 from tests.test_demo import ITERS, assert_same_losses, demo, load  # noqa: F401 - the fixture
@@ -28,6 +30,7 @@ from tests.test_demo import ITERS, assert_same_losses, demo, load  # noqa: F401 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 LOSE_AT = 14
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -94,18 +97,40 @@ def test_a_lost_node_resumes_from_memory_and_without_the_tier_from_scratch(demo,
     assert_same_losses(result_of(tmp_path / "memory"), reference)
 
 
-def test_a_killed_worker_resumes_from_local_memory_in_warm_interpreters(demo, reference, tmp_path):  # noqa: F811
-    result, facts = run_demo(demo, tmp_path, lose_at=0, faults=[f"rank_killed:1@{LOSE_AT}"],
-                             agent_flags=["--eft-warm-workers"])
-    ((source, resumed, redone),) = facts["restarts"]
+def test_a_killed_worker_and_a_lost_node_resume_from_memory_phase_by_phase(demo, reference, tmp_path):  # noqa: F811
+    """A worker killed after iteration 14 resumes from its node's own memory; node 1, lost after
+    20, from its replica on node 0. eft report shows every phase of both restarts (issue 34),
+    each restart's phases adding up to its downtime. Every generation starts in warm
+    interpreters (the demo's --eft-warm-workers)."""
+    result, facts = run_demo(demo, tmp_path, lose_at=LOSE_AT + 6, faults=[f"rank_killed:1@{LOSE_AT}"])
+    (source, resumed, redone), (source_2, resumed_2, _) = facts["restarts"]
     assert source == "memory" and resumed in (LOSE_AT - 2, LOSE_AT - 1, LOSE_AT) and redone <= 2
-    (restored,) = events(result, EventKind.CKPT_RESTORED)[-1:]
-    assert restored["source"] == "memory" and restored["iteration"] == resumed
+    assert source_2 == "memory" and resumed_2 > resumed
+    restored = events(result, EventKind.CKPT_RESTORED)
+    assert [(r["source"], r["iteration"]) for r in restored[-2:]] == [("memory", resumed), ("memory", resumed_2)]
     assert_same_losses(result, reference)
-    # Both generations on both nodes ran in interpreters started ahead of need, one line each.
-    for node in ("node0", "node1"):
+    # Every generation on every node started in interpreters started ahead of need, one line each:
+    # three on node 0 (the start, the crash, the loss), two on node 1.
+    for node, generations in (("node0", 3), ("node1", 2)):
         log = (tmp_path / f"{node}.log").read_text()
-        assert sorted(re.findall(r"local rank (\d): warm start in pid", log)) == ["0", "0", "1", "1"], log[-3000:]
+        assert sorted(re.findall(r"local rank (\d): warm start in pid", log)) == sorted(["0", "1"] * generations) and \
+            "cold start" not in log, log[-3000:]
+
+    def eft_report(*flags: str) -> str:
+        return subprocess.run([sys.executable, "-m", "launcher.cli", "report", "--events", str(tmp_path / "events.jsonl"),
+                               *flags], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True).stdout
+
+    text, report = eft_report(), json.loads(eft_report("--json"))
+    print(text)
+    crash, loss = report["failures"]
+    assert crash["cause"] == "worker failed" and loss["cause"] == "node lost: node1"
+    for failure in (crash, loss):
+        assert [(p["phase"], p["merged"]) for p in failure["phases"]] == [(str(p), []) for p in ORDER], failure
+        assert sum(p["seconds"] for p in failure["phases"]) == pytest.approx(failure["downtime_seconds"], abs=1e-6)
+        assert failure["loaded_from"] == "memory" and failure["loaded_bytes"] > 0
+    assert report["costs"]["memory_load_seconds"] > 0  # eft simulate --costs replays the phases
+    table = text[text.index("restart phases"):].splitlines()
+    assert [row.split()[0] for row in table[2:6]] == ["#1", "#2", "summed", "job"] and "+" not in "".join(table[2:6])
 
 
 def test_a_hung_rank_resumes_from_local_memory(demo, reference, tmp_path):  # noqa: F811

@@ -7,8 +7,12 @@ its rendezvous sanitizer, its error-file reader) rather than only the name.
 """
 
 import inspect
+import json
+import os
 import pickle
 import re
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timezone
@@ -277,3 +281,34 @@ def test_error_file_reads_back_through_torchs_process_failure(tmp_path):
     assert abs(failure.timestamp - time.time()) < 60
     report = ChildFailedError("train.py", {3: failure}).format_msg()
     assert re.search(r"error_file: .*hang-3\.json", report) and message in report
+
+
+# -- the worker's process group (eft report's restart phases) ----------------------------
+
+
+def test_init_process_group_marks_the_end_of_imports_and_of_the_process_group(tmp_path):
+    """Through elasticft.torch_seam: torch's own init_process_group, wrapped, forms a real group."""
+    script = (
+        "import json, time, torch.distributed as dist\n"
+        "from torch.distributed import distributed_c10d\n"
+        "from elasticft.worker import phases\n"
+        "phases.watch_process_group(); phases.watch_process_group()  # idempotent\n"
+        "before = time.time()\n"
+        "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1)\n"
+        "assert dist.is_initialized() and dist.get_world_size() == 1\n"
+        "print(json.dumps({'before': before, 'after': time.time(), 'stamps': phases.stamps(),\n"
+        "                  'wrapped': hasattr(dist.init_process_group, 'eft_observed'),\n"
+        "                  'one': distributed_c10d.init_process_group is dist.init_process_group}))\n")
+
+    def run(**env) -> dict:
+        environ = {k: v for k, v in os.environ.items() if k != "EFT_RUN_DIR"}
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                              cwd=ROOT, env={**environ, **env})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.splitlines()[-1])
+
+    seen = run(EFT_RUN_DIR=str(tmp_path))
+    assert seen["wrapped"] and seen["one"]
+    assert seen["before"] <= seen["stamps"]["imports"] <= seen["stamps"]["process_group"] <= seen["after"]
+    plain = run()  # plain torchrun: nothing wrapped, nothing marked
+    assert not plain["wrapped"] and plain["stamps"] == {}

@@ -81,6 +81,7 @@ from elasticft.agent.segments import StopRecorder
 from elasticft.agent.services import AgentServices, WorkerProbe
 from elasticft.agent.warm_pool import WarmPool
 from elasticft.contract.events import EventKind
+from elasticft.contract.phases import RestartPhase
 from elasticft.contract.progress import read_progress
 from elasticft.contract.records import layout_record
 from elasticft.contract.run_dir import WorkerEnv
@@ -103,7 +104,7 @@ class FTElasticAgent(LocalElasticAgent):
         self._hangs: HangMonitor | None = None
         self._observer: Observer | None = None  # made in run(), with the hang monitor
         self._memory: MemoryService | None = None  # the memory checkpoint tier (etcd-v3 only)
-        self._stops: StopRecorder | None = None  # workers_stopped events (etcd-v3 only)
+        self._stops = StopRecorder(None, self._run_dir)  # workers_stopped events (etcd-v3 only; made in _start)
         self._budget: RestartBudget | None = None  # job-wide restart counts (etcd-v3 only)
         self._failed: RunResult | None = None  # the workers' last failure, for a job the budget ends
         self._excluded = False  # this node left the job (a straggler, or suspect)
@@ -183,7 +184,7 @@ class FTElasticAgent(LocalElasticAgent):
             os.environ.update(MemoryService.worker_environment(self._settings.memory))
         timeouts = SectionTimeouts.for_worker(self._settings.hang, spec.args,
                                               ctx.client if ctx else None, ctx.keys if ctx else None)
-        self._stops = StopRecorder(ctx.record, self._run_dir) if ctx else None
+        self._stops = StopRecorder(ctx.record if ctx else None, self._run_dir)
         self._hangs = HangMonitor(self._settings.hang, timeouts, self._run_dir, ctx.record if ctx else None)
         self._observer = Observer(ctx.membership if ctx else None, ctx.node if ctx else None, self._hangs, self._ckpt,
                                   self._settings.ft.attribution_window,
@@ -253,6 +254,7 @@ class FTElasticAgent(LocalElasticAgent):
                 # No model to plan for: still tell `eft top` what this round looks like.
                 self._rounds += 1
                 ctx.publish(ctx.keys.layout, layout_record(None, self._rounds, world))
+        self._stops.stamp(RestartPhase.REPLAN)  # eft report's restart phases (segments.py)
         log.info("rendezvous complete: node rank %s of %s, world size %s",
                  worker_group.group_rank, worker_group.group_world_size, world)
 
@@ -273,6 +275,7 @@ class FTElasticAgent(LocalElasticAgent):
         self, store, group_rank: int, group_world_size: int, spec: WorkerSpec
     ) -> list[Worker]:
         """With a Megatron model: ranks from the round's plan; spare ranks get no worker."""
+        self._stops.stamp(RestartPhase.RENDEZVOUS)  # torch calls this step as the round forms
         if self._planner is None:
             return super()._assign_worker_ranks(store, group_rank, group_world_size, spec)
         share = self._planner.assign(store, group_rank, group_world_size, spec.local_world_size)
@@ -311,6 +314,7 @@ class FTElasticAgent(LocalElasticAgent):
         with workers_die_with_agent(worker_group.spec, self._settings.ft.die_with_agent), self._warm.handlers():
             pids = super()._start_workers(worker_group)
         self._sessions = set(pids.values())
+        self._stops.stamp(RestartPhase.SPAWN)
         return pids
 
     def _set_local_rank_env(self, worker_env: dict, local_rank: int, spec: WorkerSpec) -> None:

@@ -5,38 +5,53 @@ Workers already keep a heartbeat file with their section totals (``worker/progre
 it outlives the process, so the agent reads local rank 0's after the workers stop (a
 restart, the end of the job) and records it as one ``workers_stopped`` event. One event
 per node per generation, nothing per step: etcd sees no more traffic as the job trains.
+
+The same event carries the generation's start phases (``contract/phases.py``): when its
+rendezvous round formed, its ranks were assigned and its processes spawned (the agent's
+steps mark them here), and when its workers' imports, process group and load ended (their
+heartbeat's), so ``eft report`` can take each restart apart.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 
 from elasticft.contract.events import EventKind
+from elasticft.contract.phases import RestartPhase
 from elasticft.contract.progress import read_progress
 
 log = logging.getLogger(__name__)
 
 
 class StopRecorder:
-    """Records each generation's summary once (torch may stop the same workers twice)."""
+    """Records each generation's summary once (torch may stop the same workers twice).
+    ``record`` None (no etcd): marks phases, records nothing."""
 
     def __init__(self, record, run_dir: str | os.PathLike):
         self._record = record  # AgentContext.record
         self._run_dir = run_dir
         self._done = True  # nothing started yet
+        self._phases: dict[str, float] = {}  # the next (or running) generation's agent-side phase ends
+
+    def stamp(self, phase: RestartPhase) -> None:
+        """One of the agent's phases of the next generation ended now (a later mark replaces it)."""
+        self._phases[str(RestartPhase(phase))] = time.time()
 
     def started(self) -> None:
         self._done = False
 
     def stopped(self, why: str) -> None:
-        if self._done:
+        if self._done or self._record is None:
             return
         self._done = True
+        phases, self._phases = self._phases, {}
         beat = read_progress(self._run_dir).get(0)
         if beat is None or beat.started is None:
             log.debug("no heartbeat of local rank 0: no workers_stopped event")
             return
         self._record(EventKind.WORKERS_STOPPED, why=why, rank=beat.rank, iteration=beat.iteration,
                      first_iteration=beat.first_iteration, started=beat.started, first_step=beat.first_step,
-                     last_beat=beat.time, steps=beat.steps, totals=beat.totals, stalls=beat.stalls)
+                     last_beat=beat.time, steps=beat.steps, totals=beat.totals, stalls=beat.stalls,
+                     phases={**phases, **beat.phases}, loaded_from=beat.loaded_from, loaded_bytes=beat.loaded_bytes)

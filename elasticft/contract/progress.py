@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from elasticft.contract.phases import LoadTier, stamps_from_json
 from elasticft.contract.run_dir import PROGRESS_DIR
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,11 @@ class ProgressRecord:
     totals: dict[str, float] = field(default_factory=dict)  # section -> seconds spent in it, closed ones
     stalls: dict[str, float] = field(default_factory=dict)  # tier -> seconds steps waited for background saves
     stop_reason: str | None = None  # the job agreed to save and exit for this (elasticft.worker.vote.SAVE_REASONS)
+    # When the process's start phases ended (contract/phases.py: imports, process_group, load),
+    # and what the load read: absent when the script has no eft hook or predates them.
+    phases: dict[str, float] = field(default_factory=dict)
+    loaded_from: LoadTier | None = None
+    loaded_bytes: int | None = None
 
     @classmethod
     def from_json(cls, record: Any) -> "ProgressRecord":
@@ -73,6 +79,9 @@ class ProgressRecord:
             totals={str(k): float(v) for k, v in dict(record.get("totals") or {}).items()},
             stalls={str(k): float(v) for k, v in dict(record.get("stalls") or {}).items()},
             stop_reason=_optional(record.get("stop_reason"), str),
+            phases={str(k): v for k, v in stamps_from_json(record.get("phases")).items()},
+            loaded_from=LoadTier(record["loaded_from"]) if record.get("loaded_from") in tuple(LoadTier) else None,
+            loaded_bytes=_optional(record.get("loaded_bytes"), int),
         )
 
 

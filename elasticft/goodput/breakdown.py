@@ -21,6 +21,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from elasticft.contract.events import EventKind
+from elasticft.contract.phases import LoadTier
+from elasticft.goodput import phases
 from elasticft.goodput.costs import JobCosts
 
 # Wall-time categories, in the order a report lists them.
@@ -61,6 +63,7 @@ class Generation:
     totals: dict[str, float]
     stalls: dict[str, float]
     nodes: list[str]  # every node that reported this generation
+    records: list[dict] = field(default_factory=list)  # its workers_stopped events, one per node
     used_gpus: int = 0
     world_gpus: int = 0
 
@@ -79,6 +82,9 @@ class Failure:
     detection_seconds: float
     downtime_seconds: float  # last heartbeat to the next first step (None-safe: to the job's end)
     iterations_lost: int
+    phases: list[phases.PhaseSpan] = field(default_factory=list)  # the downtime, phase by phase (phases.py)
+    loaded_from: str | None = None  # the tier the next generation loaded from (memory, disk, none)
+    loaded_bytes: int | None = None  # the size of the checkpoint it loaded
 
 
 @dataclass
@@ -93,6 +99,7 @@ class Breakdown:
     lost: dict[str, float] = field(default_factory=dict)  # node -> when it was reported lost
     nodes: dict[str, int] = field(default_factory=dict)  # node -> GPUs
     joined: dict[str, float] = field(default_factory=dict)  # node -> when it first joined
+    start_phases: list[phases.PhaseSpan] = field(default_factory=list)  # job start to the first step
     costs: JobCosts | None = None
     finished: bool = False
 
@@ -148,7 +155,7 @@ def _generations(events: list[dict]) -> list[Generation]:
             iteration=lead.get("iteration"), steps=int(_num(lead.get("steps"))),
             totals={k: _num(v) for k, v in dict(lead.get("totals") or {}).items()},
             stalls={k: _num(v) for k, v in dict(lead.get("stalls") or {}).items()},
-            nodes=sorted({str(r.get("source")) for r in group})))
+            nodes=sorted({str(r.get("source")) for r in group}), records=group))
     return generations
 
 
@@ -181,6 +188,9 @@ def breakdown(events: list[dict]) -> Breakdown:
     report.lost = {str(n): e["time"] for e in events if e.get("kind") == EventKind.NODE_LOST
                    for n in (e.get("nodes") or [])}
     _account(report, events)
+    first = generations[0]
+    report.start_phases = phases.start_spans(report.start, first.first_step or report.end, first.first_step is not None,
+                                             first.records)
     report.costs = _costs(report)
     return report
 
@@ -237,11 +247,16 @@ def _account(report: Breakdown, events: list[dict]) -> None:
             seconds["hung" if hung else "detection"] += (acted_at - tail_from) * used
             seconds["restart"] += max(gen.stopped - acted_at, 0.0) * used
             next_first = following.first_step if following and following.first_step else report.end
+            records = following.records if following else []
+            tier, size = phases.load_facts(records)
             report.failures.append(Failure(
-                time=gen.last_beat, cause=_cause(events, gen, acted), detection_seconds=acted_at - tail_from,
+                time=gen.last_beat, cause=_cause(events, gen, acted, following), detection_seconds=acted_at - tail_from,
                 downtime_seconds=next_first - gen.last_beat,
                 iterations_lost=max(last_it - ((following.first_iteration or 1) - 1), 0) if following
-                and isinstance(following.first_iteration, int) else 0))
+                and isinstance(following.first_iteration, int) else 0,
+                phases=phases.restart_spans(gen.last_beat, next_first, bool(following and following.first_step),
+                                            _num(acted.get("time"), None) if acted else None, gen.records, records),
+                loaded_from=tier, loaded_bytes=size))
         end_of_gen = max(gen.stopped, tail_from)
         if following is not None:
             seconds["restart"] += max(following.started - end_of_gen, 0.0) * gpus
@@ -262,13 +277,15 @@ def _clamp_starts(report: Breakdown) -> None:
         floor = max(gen.stopped, gen.accounted_until)
 
 
-def _cause(events: list[dict], gen: Generation, acted: dict | None) -> str:
-    lost = _first_after(events, {EventKind.NODE_LOST}, gen.last_beat, gen.stopped + 60.0)
+def _cause(events: list[dict], gen: Generation, acted: dict | None, following: Generation | None) -> str:
+    # Up to the next workers' start at most: a node lost after a quick restart is the next failure's.
+    until = min(gen.stopped + 60.0, following.started) if following is not None else gen.stopped + 60.0
+    lost = _first_after(events, {EventKind.NODE_LOST}, gen.last_beat, until)
     if lost is not None:
         return "node lost: " + ", ".join(map(str, lost.get("nodes") or ["?"]))
     if acted is not None and acted.get("kind") == EventKind.HANG:
         return f"hang: rank {acted.get('rank')} in {acted.get('section')}"
-    restart = _first_after(events, {EventKind.RESTART}, gen.last_beat, gen.stopped + 60.0)
+    restart = _first_after(events, {EventKind.RESTART}, gen.last_beat, until)
     if restart is not None:
         return str(restart.get("reason") or "restart").replace("_", " ")
     return "workers failed"
@@ -290,11 +307,15 @@ def _costs(report: Breakdown) -> JobCosts:
     gaps = Counter(b - a for a, b in zip(periodic, periodic[1:]))
     every = max(gaps, key=lambda gap: (gaps[gap], gap)) if gaps else (periodic[0] if periodic else steps)
     interval = every * iteration
-    failures = report.failures
     mean = lambda values: sum(values) / len(values) if values else 0.0  # noqa: E731
-    # From acting on a failure to the next workers' start: stop, rendezvous, re-plan.
-    restarts = [b.started - (a.accounted_until + f.detection_seconds) for a, b, f in zip(gens, gens[1:], failures)]
-    loads = [g.totals.get("setup", 0.0) for g in gens[1:]] or [gens[0].totals.get("setup", 0.0)]
+    # From the restarts' phases (phases.py): detection; restart = stop, rendezvous, re-plan and
+    # spawn; load = imports, process group, load and first step, apart for the memory tier.
+    parts = [(phases.cost_parts(f.phases), f) for f in report.failures]
+    recovered = [(p, f.loaded_from) for p, f in parts if f.phases and f.phases[-1].phase is not None]
+    memory = [p["load"] for p, tier in recovered if tier == LoadTier.MEMORY]
+    loads = [p["load"] for p, tier in recovered if tier != LoadTier.MEMORY] or memory \
+        or [phases.cost_parts(report.start_phases)["load"]]
     return JobCosts(iteration_seconds=iteration, save_seconds=save_seconds, save_interval_seconds=max(interval, 0.0),
-                    detection_seconds=max(mean([f.detection_seconds for f in failures]), 0.0),
-                    restart_seconds=max(mean(restarts), 0.0), load_seconds=max(mean(loads), 0.0))
+                    detection_seconds=max(mean([p["detection"] for p, _ in parts]), 0.0),
+                    restart_seconds=max(mean([p["restart"] for p, _ in recovered]), 0.0),
+                    load_seconds=max(mean(loads), 0.0), memory_load_seconds=max(mean(memory), 0.0))

@@ -60,8 +60,10 @@ def install() -> None:
 
 def _attach(_module) -> None:
     from elasticft.megatron_lm.loop import MegatronLoop
+    from elasticft.worker.phases import watch_process_group
 
     MegatronLoop().attach()
+    watch_process_group()  # before Megatron's initialize: eft report's imports and process_group phases
     seam.replace("compile_helpers", _skip_compile_when_shipped)
     seam.replace("ft_setup", _eft_in_place_of_nvrx)
 

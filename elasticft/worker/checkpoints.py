@@ -26,7 +26,9 @@ from elasticft.contract.checkpoints import (
     iter_dir_name,
     iteration_of,
 )
+from elasticft.contract.phases import LoadTier
 from elasticft.contract.run_dir import write_atomically
+from elasticft.worker import phases
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +140,9 @@ class CheckpointDir:
                             "falling back to an older one", path)
                 continue
             try:
-                return iteration, load_fn(path, iteration)
+                result = load_fn(path, iteration)
+                phases.loaded(LoadTier.DISK, path)  # eft report: the load phase ends here
+                return iteration, result
             except (KeyboardInterrupt, SystemExit):
                 raise
             # BaseException: torch.distributed.checkpoint's CheckpointException derives from
@@ -146,4 +150,5 @@ class CheckpointDir:
             except BaseException as err:  # noqa: BLE001
                 log.warning("could not load checkpoint %s (%s: %s); falling back to an older one",
                             path, type(err).__name__, err)
+        phases.loaded(LoadTier.NONE)
         return None, None

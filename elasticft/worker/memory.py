@@ -30,6 +30,7 @@ from elasticft.config import MemoryConfig, from_env
 from elasticft.contract.checkpoints import iter_dir_name
 from elasticft.contract.memory import LAG_MARKER, PAUSE_MARKER, RESTORE_FILE, RestorePlan
 from elasticft.contract.run_dir import OutboxKind, WorkerEnv
+from elasticft.worker import phases
 from elasticft.worker.relay import Outbox
 from elasticft.worker.snapshot import (
     HostCopier,
@@ -178,6 +179,7 @@ class MemoryCheckpoints:
             if iteration is not None:
                 restored = Restored(iteration, "disk", str(checkpoints.dir_of(iteration)), result)
         restored = restored or Restored(None, "none")
+        phases.loaded(restored.source, restored.path)  # eft report: the load phase ends here
         if self._reporter:
             self._outbox.send({"type": OutboxKind.RESTORED, "iteration": restored.iteration,
                                "source": restored.source, "path": restored.path,

@@ -30,6 +30,7 @@ from collections import deque
 
 from elasticft.contract.progress import SECTIONS, progress_dir
 from elasticft.contract.run_dir import write_atomically
+from elasticft.worker import phases
 
 log = logging.getLogger(__name__)
 
@@ -128,13 +129,14 @@ class ProgressWriter:
         if was_step:
             self.step_times.append(self._work if self._worked else took)
             self.steps += 1
-        elif self.first_step is None:
+        first = not was_step and self.first_step is None
+        if first:
             self.first_step, self.first_iteration = now, iteration
         self.iteration = iteration
         self.section, self.since = "step", now
         self._nested = self._work = 0.0
         self._worked = False
-        if now - self._written >= STEP_WRITE_INTERVAL:
+        if first or now - self._written >= STEP_WRITE_INTERVAL:  # the first: the end of the start's phases
             self.write()
 
     def enter(self, section: str) -> None:
@@ -178,6 +180,7 @@ class ProgressWriter:
         self.write()
 
     def record(self) -> dict:
+        tier, nbytes = phases.load_facts()
         return {
             "rank": self.rank,
             "local_rank": self.local_rank,
@@ -196,6 +199,9 @@ class ProgressWriter:
             "totals": self.totals,
             "stalls": self.stalls,
             "stop_reason": self.stop_reason,
+            "phases": phases.stamps(),
+            "loaded_from": tier,
+            "loaded_bytes": nbytes,
         }
 
     def write(self) -> None:

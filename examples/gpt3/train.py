@@ -79,6 +79,9 @@ class Trainer:
         backend = args.distributed_backend or ("nccl" if self.cuda else "gloo")
         if self.cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        from elasticft.worker.phases import watch_process_group
+
+        watch_process_group()  # eft report: imports end at the next call, the process group at its return
         dist.init_process_group(backend)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
