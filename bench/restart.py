@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from elasticft.contract.phases import ORDER  # noqa: E402
 from elasticft.goodput.breakdown import breakdown  # noqa: E402
 
 CASES = ("toy-worker", "gpt-worker", "gpt-node")
@@ -72,7 +73,11 @@ def run_case(case: str, warm: bool, out: Path) -> dict:
     if not report.failures:
         raise SystemExit(f"{case}: no failure in the event log ({out})")
     failure = report.failures[0]
-    return {"downtime": failure.downtime_seconds, "detection": failure.detection_seconds}
+    figures = {"downtime": failure.downtime_seconds}
+    figures.update({str(p): 0.0 for p in ORDER})
+    for span in failure.phases:
+        figures[span.name] = figures.get(span.name, 0.0) + span.seconds
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,8 +100,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((case, figures))
         cold, warm = figures["cold"], figures["warm"]
         print(f"{case:<11} downtime cold {cold['downtime']:6.2f} s  warm {warm['downtime']:6.2f} s  "
-              f"warm/cold {warm['downtime'] / cold['downtime']:5.1%}   (detection {cold['detection']:.2f} / "
-              f"{warm['detection']:.2f} s)", flush=True)
+              f"warm/cold {warm['downtime'] / cold['downtime']:5.1%}", flush=True)
+    names = [str(p) for p in ORDER]
+    print("\nphases, seconds (share of the downtime):")
+    print(f"{'case':<19}" + "".join(f"{n:>15}" for n in names))
+    for case, figures in rows:
+        for variant in ("cold", "warm"):
+            f = figures[variant]
+            print(f"{case + ' ' + variant:<19}" + "".join(
+                f"{f[n]:>7.2f} ({f[n] / f['downtime']:4.0%})" for n in names))
     print(f"\nruns in {out}")
     return 0
 

@@ -92,7 +92,9 @@ def test_without_the_health_trigger_the_iterations_since_the_periodic_save_are_r
 
 
 def test_a_node_that_comes_back_is_admitted_at_the_larger_layout(demo, reference, tmp_path):
-    result, facts, _ = scenario(demo, tmp_path, comeback_at=18)
+    # Back as soon as the survivor trains alone; admitted at once (today's behaviour: --eft-join-at
+    # save would hold it for the next disk save, here the last: see tests/test_join_at.py).
+    result, facts, _ = scenario(demo, tmp_path, comeback_at=LOSE_AT + 1, agent_flags=["--eft-join-at", "now"])
     layouts = facts["layouts"]
     assert len(layouts) >= 3
     tp, pp, dp, resumed = layouts[-1]

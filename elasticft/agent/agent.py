@@ -66,7 +66,7 @@ from elasticft.agent.decide import (
     decide,
     restart_reason,
 )
-from elasticft.agent.exclusion import leave_if_straggler
+from elasticft.agent.exclusion import why_leaving
 from elasticft.agent.hang_monitor import HangMonitor
 from elasticft.agent.job_end import close_before_leaving, record_job_end, why_left
 from elasticft.agent.join_gate import JoinGate
@@ -237,7 +237,10 @@ class FTElasticAgent(LocalElasticAgent):
         ctx = self._ctx
         if ctx is not None:
             ctx.rejoin_if_fenced(self._settings.ft.etcd_outage_limit)
-            self._leave_if_excluded(worker_group)
+            why = why_leaving(ctx, self._services, self._numerics, worker_group)  # --eft-*-action exclude
+            if why:
+                self._excluded = True
+                raise RendezvousGracefulExitError(why)
             # (eft's handler builds each round's store address anew: no cached address of a lost rank 0)
             ctx.membership.take_losses()
         super()._rendezvous(worker_group)
@@ -257,19 +260,6 @@ class FTElasticAgent(LocalElasticAgent):
         self._stops.stamp(RestartPhase.REPLAN)  # eft report's restart phases (segments.py)
         log.info("rendezvous complete: node rank %s of %s, world size %s",
                  worker_group.group_rank, worker_group.group_world_size, world)
-
-    def _leave_if_excluded(self, worker_group: WorkerGroup) -> None:
-        """``--eft-straggler-action exclude`` or ``--eft-suspect-action exclude``: leave at
-        this restart (see exclusion.py)."""
-        handler = worker_group.spec.rdzv_handler
-        if leave_if_straggler(self._ctx, self._services.stragglers, handler):
-            self._excluded = True
-            raise RendezvousGracefulExitError(f"node {self._ctx.node_id} left the job as a straggler")
-        sampler = self._services.sampler
-        ranks = sorted(w.global_rank for w in worker_group.workers)
-        if self._numerics.at_restart(self._ctx, sampler.model if sampler else None, handler, ranks):
-            self._excluded = True
-            raise RendezvousGracefulExitError(f"node {self._ctx.node_id} left the job: suspect of bad numbers")
 
     def _assign_worker_ranks(
         self, store, group_rank: int, group_world_size: int, spec: WorkerSpec

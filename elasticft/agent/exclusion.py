@@ -25,6 +25,19 @@ from elasticft.store import StoreError
 log = logging.getLogger(__name__)
 
 
+def why_leaving(ctx: AgentContext, services, numerics, worker_group) -> str | None:
+    """At a restart, before the next round: why this node has left the job (the caller ends
+    the agent), for a straggler or for suspect numbers; None: it stays."""
+    handler = worker_group.spec.rdzv_handler
+    if leave_if_straggler(ctx, services.stragglers, handler):
+        return f"node {ctx.node_id} left the job as a straggler"
+    sampler = services.sampler
+    ranks = sorted(w.global_rank for w in worker_group.workers)
+    if numerics.at_restart(ctx, sampler.model if sampler else None, handler, ranks):
+        return f"node {ctx.node_id} left the job: suspect of bad numbers"
+    return None
+
+
 def leave_if_straggler(ctx: AgentContext, monitor: StragglerMonitor | None, rdzv_handler) -> bool:
     """True when this node has left the job (the caller ends the agent); False: it stays."""
     if monitor is None or not monitor.wants_exclusion():
