@@ -210,3 +210,56 @@ def test_auto_preloads_the_opening_imports_of_installed_packages_only(tmp_path):
     assert auto_preload(str(script)) == ["os", "json", "csv", "email"]  # stops at the script's own module
     script.write_text("import os\nos.environ['X'] = '1'  # may change what the next import does\nimport json\n")
     assert auto_preload(str(script)) == ["os"]
+
+
+def test_a_module_run_with_m_and_a_program_that_is_not_python(tmp_path, caplog):
+    (tmp_path / "lib" / "pkg").mkdir(parents=True)
+    (tmp_path / "lib" / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "lib" / "pkg" / "main.py").write_text("import sys\nprint('argv0', sys.argv[0], sys.argv[1:])\n"
+                                                      "raise SystemExit(5)\n")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "lib"), str(Path.cwd())])
+    pool = _pool(tmp_path)
+    pool.stand_ready(sys.executable, ("-u", "-m", "pkg.main", "--x"), 1)
+    out = open(tmp_path / "m.out", "w+")  # noqa: SIM115
+    with caplog.at_level(logging.INFO, logger="elasticft.agent.warm_pool"):
+        proc = pool.start((sys.executable, "-u", "-m", "pkg.main", "--x"), dict(os.environ), set(), out, out, 0)
+        assert proc.wait(timeout=60) == 5
+        pool.tick()
+    out.seek(0)
+    assert out.read() == f"argv0 {tmp_path / 'lib' / 'pkg' / 'main.py'} ['--x']\n"  # as python -m sets it
+    assert any(re.fullmatch(r"local rank 0: warm start in pid \d+", r.getMessage()) for r in caplog.records)
+    pool.close()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="elasticft.agent.warm_pool"):
+        pool.stand_ready("/bin/echo", ("hello",), 1)
+        assert pool.start(("/bin/echo", "hello"), dict(os.environ), set(), None, None, 0) is None  # torch's own start
+    assert [r.getMessage() for r in caplog.records] == [
+        "warm workers off for this command: /bin/echo is not a Python interpreter (--no-python)"]
+
+
+AGENT = textwrap.dedent('''
+    import os, sys, time
+    from pathlib import Path
+    from elasticft.agent.warm_pool import WarmPool
+    from elasticft.start_config import StartConfig
+    pool = WarmPool(StartConfig(warm_workers=True), Path(sys.argv[1]), die_with_agent=True)
+    pool.stand_ready(sys.executable, ("-u", sys.argv[2]), 2)
+    worker = pool.start((sys.executable, "-u", sys.argv[2]), dict(os.environ), set(), None, None, 0)
+    print(worker.pid, pool._idle[0].proc.pid, flush=True)
+    time.sleep(600)
+''')
+
+
+def test_warm_interpreters_and_the_workers_they_became_die_with_a_killed_agent(tmp_path):
+    import psutil
+
+    (tmp_path / "sleeper.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    (tmp_path / "agent.py").write_text(AGENT)
+    agent = subprocess.Popen([sys.executable, str(tmp_path / "agent.py"), str(tmp_path / "run"),
+                              str(tmp_path / "sleeper.py")], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in agent.stdout.readline().split()]
+    processes = [psutil.Process(p) for p in pids]
+    agent.kill()  # SIGKILL: nothing of the agent's runs to stop them
+    agent.wait()
+    gone, alive = psutil.wait_procs(processes, timeout=30)
+    assert not alive, f"outlived their agent: {alive}"
