@@ -10,6 +10,7 @@ import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from bench.launch import wait_for
+from tests.rdzv_subjects import join_all
 from elasticft.agent.join_gate import JoinGate, newest_checkpoint
 from elasticft.contract.events import EventKind
 from elasticft.contract.memory import MemPart, part_key
@@ -151,9 +152,6 @@ def handlers(etcd_server, run_keys):
         handler.rounds.leave()
 
 
-def join_all(members):
-    with ThreadPoolExecutor(len(members)) as pool:
-        return list(pool.map(lambda h: h.next_rendezvous(), members))
 
 
 def look(members) -> list[int]:

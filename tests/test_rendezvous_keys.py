@@ -32,6 +32,7 @@ from elasticft.contract.keys import RunKeys
 from elasticft.rendezvous.backend import create_handler
 from elasticft.rendezvous.blob import create_blob_handler
 from elasticft.rendezvous.rounds import MixedVersionError
+from tests.rdzv_subjects import join_all
 
 
 def params(endpoint: str, run_id: str, min_nodes: int, max_nodes: int, **conf) -> RendezvousParameters:
@@ -57,9 +58,6 @@ def rendezvous(etcd_server):
         handler.rounds.leave()
 
 
-def join_all(handlers):
-    with ThreadPoolExecutor(len(handlers)) as pool:
-        return list(pool.map(lambda h: h.next_rendezvous(), handlers))
 
 
 def test_max_nodes_form_a_round_at_once_with_distinct_ranks(rendezvous):

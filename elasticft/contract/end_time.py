@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from elasticft.contract.json_object import json_object
+
 
 @dataclass(frozen=True)
 class SharedEndTime:
@@ -27,8 +29,6 @@ class SharedEndTime:
     @classmethod
     def from_json(cls, raw: bytes | str) -> "SharedEndTime":
         """Raises ValueError, TypeError or KeyError on a malformed record."""
-        data = json.loads(raw)
-        if not isinstance(data, dict):
-            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        data = json_object(raw)
         end = data["end_time"]
         return cls(None if end is None else float(end), str(data.get("asker", "")))

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 from elasticft.contract.exit_codes import REQUEUE_REASONS, ExitCode
+from elasticft.contract.json_object import json_object
 from elasticft.contract.restarts import Ending
 
 # What the restart rule's verdict makes of the job (README "No endless loops").
@@ -61,9 +62,7 @@ class JobOutcome:
     @classmethod
     def from_json(cls, raw: bytes | str) -> "JobOutcome":
         """Raises ValueError, TypeError or KeyError on a malformed record."""
-        data = json.loads(raw)
-        if not isinstance(data, dict):
-            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        data = json_object(raw)
         return cls(ExitCode(int(data["status"])), str(data["attempt"]), str(data.get("node", "")),
                    float(data.get("time", 0.0)))
 

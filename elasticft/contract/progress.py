@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from elasticft.contract.json_object import json_object
 from elasticft.contract.phases import LoadTier, stamps_from_json
 from elasticft.contract.run_dir import PROGRESS_DIR
 
@@ -55,8 +56,7 @@ class ProgressRecord:
     @classmethod
     def from_json(cls, record: Any) -> "ProgressRecord":
         """Raises ValueError or TypeError on a malformed record."""
-        if not isinstance(record, dict):
-            raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+        record = json_object(record)
         if record.get("section") not in SECTIONS:
             raise ValueError(f"unknown section {record.get('section')!r}")
         iteration = record.get("iteration")

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Protocol
 
 from elasticft import __version__
+from elasticft.contract.json_object import json_object
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +136,7 @@ class CheckpointRequest:
     @classmethod
     def from_json(cls, data: bytes | str | dict[str, Any]) -> "CheckpointRequest":
         """Raises ValueError (TypeError for a number of the wrong type) on a malformed record."""
-        record = json.loads(data) if isinstance(data, (bytes, str)) else data
-        if not isinstance(record, dict):
-            raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+        record = json_object(data)
         if not isinstance(record.get("id"), str) or not record["id"]:
             raise ValueError(f"'id' must be a non-empty string, got {record.get('id')!r}")
         if not isinstance(record.get("reason"), str):
@@ -215,9 +214,7 @@ class JoinHold:
     @classmethod
     def from_json(cls, data: bytes | str) -> "JoinHold":
         """Raises ValueError (TypeError for a field of the wrong type) on a malformed record."""
-        record = json.loads(data)
-        if not isinstance(record, dict):
-            raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+        record = json_object(data)
         after, iteration = record.get("after"), record.get("iteration")
         return cls(by=str(record["by"]), waiting=str(record.get("waiting", "")),
                    after=None if after is None else int(after), wait=float(record["wait"]),

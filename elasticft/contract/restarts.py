@@ -15,6 +15,8 @@ import enum
 import json
 from dataclasses import asdict, dataclass, field
 
+from elasticft.contract.json_object import json_object
+
 
 class Ending(enum.StrEnum):
     """Why the restart rule ended the job; the value is also the event kind recorded."""
@@ -75,9 +77,7 @@ class RestartRecord:
     @classmethod
     def from_json(cls, raw: bytes | str) -> "RestartRecord":
         """Raises ValueError, TypeError or KeyError on a malformed record."""
-        data = json.loads(raw)
-        if not isinstance(data, dict):
-            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        data = json_object(raw)
         mark = data.get("mark")
         ended = data.get("ended")
         return cls(
