@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(int(status))
     except ChildFailedError:
         raise
-    except NoProgress as exc:  # "do not requeue", distinct from a failure (README: No endless loops)
+    except NoProgress as exc:  # "do not requeue", distinct from a failure (docs/restarts.md)
         print(f"eft-run: {exc}", file=sys.stderr)
         sys.exit(int(exc.exit_code))
     except SignalException as exc:

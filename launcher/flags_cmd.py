@@ -20,8 +20,8 @@ HEADER = """# eft-run flags
 Generated from the knobs (`elasticft/settings.py`) by `eft flags > docs/flags.md`: do not
 edit by hand (`tests/test_flags_reference.py` fails when this page and the knobs differ).
 Every flag also reads its `EFT_*` variable; a flag on the command line wins over its
-variable. torchrun's own flags keep their meaning and their `PET_*` variables (README,
-"eft-run").
+variable. torchrun's own flags keep their meaning and their `PET_*` variables
+([eft-run](eft-run.md)).
 """
 
 

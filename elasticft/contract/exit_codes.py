@@ -1,7 +1,7 @@
 """eft-run's exit status, as a job script sees it: "done", "requeue me", or "stop".
 
 The agent decides why the job ends; the launcher turns that into the status. A SLURM
-requeue script branches on it (examples/slurm/train.sbatch, README "SLURM"):
+requeue script branches on it (examples/slurm/train.sbatch, docs/slurm.md):
 
     eft-run ... ; status=$?
     case $status in

@@ -34,7 +34,7 @@ from elasticft.contract.exit_codes import REQUEUE_REASONS, ExitCode
 from elasticft.contract.json_object import json_object
 from elasticft.contract.restarts import Ending
 
-# What the restart rule's verdict makes of the job (README "No endless loops").
+# What the restart rule's verdict makes of the job (docs/restarts.md, "No progress").
 ENDING_STATUS = {Ending.NO_PROGRESS: ExitCode.NO_PROGRESS, Ending.BUDGET: ExitCode.FAILED}
 
 _MEANING = {
