@@ -91,6 +91,7 @@ class Replicator:
         self.lag = lag or LagGate(None, 1 << 30, lambda *a, **k: None)
         self._short: dict[int, tuple[MemPart, Path, list[str]]] = {}  # own parts some holder refused
         self._kept_from: int | None = None
+        self._refreshed = float("-inf")  # time.monotonic() of the last read of the index
         self.newest_size = 0
         self._jobs: deque = deque()
         self._cond = threading.Condition()
@@ -176,7 +177,8 @@ class Replicator:
                     self._replicate(job)
                 elif isinstance(job, _Recheck):
                     self._retry_short()
-                if not isinstance(job, _Received):  # a replica file came in: nothing new in the index
+                # A replica file that came in: only now and then (a spare node, which saves nothing, still prunes).
+                if not isinstance(job, _Received) or time.monotonic() - self._refreshed >= RECHECK:
                     self._refresh()
                 self._prune_and_check()
             except (OSError, StoreError) as exc:
@@ -218,6 +220,7 @@ class Replicator:
     def _refresh(self) -> None:
         """Read the index: the restorable iterations seen, and so what to keep and how far this node lags."""
         alive = set(self.members()) | {self.node_id}
+        self._refreshed = time.monotonic()
         restorable = restorable_iterations(self.index.parts(), alive)
         with self.lock, self._cond:
             self.lag.seen(restorable)
