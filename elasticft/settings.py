@@ -27,6 +27,7 @@ from elasticft.config import (
     WatchdogConfig,
 )
 from elasticft.knobs import add_arguments, from_args
+from elasticft.replication_config import ReplicationConfig
 from elasticft.slurm_config import SlurmConfig
 from elasticft.start_config import StartConfig
 
@@ -51,6 +52,8 @@ class Settings:
     notify: NotifyConfig = _concern(NotifyConfig, "eft notifications")
     straggler: StragglerConfig = _concern(StragglerConfig, "eft straggler detection")
     memory: MemoryConfig = _concern(MemoryConfig, "eft memory checkpoints (host memory, replicated to peers)")
+    replication: ReplicationConfig = _concern(
+        ReplicationConfig, "eft memory checkpoint replication (how far it may lag behind the snapshots)")
     numerics: NumericsConfig = _concern(NumericsConfig, "eft numbers check (NaN and loss spikes roll back)")
     restarts: RestartConfig = _concern(RestartConfig, "eft job-wide restart limits (counted in etcd)")
     megatron_lm: MegatronLMConfig = _concern(MegatronLMConfig, "eft inside Megatron-LM's training loop")

@@ -18,7 +18,7 @@ from elasticft.contract.keys import RunKeys
 from elasticft.memckpt.index import MemIndex, memory_summary
 from elasticft.rendezvous.membership import running_nodes
 from elasticft.store import StoreError, StoreOptions, connect
-from elasticft.tui.text import memory_text
+from elasticft.tui.text import lag_text, memory_text
 
 ckpt_app = typer.Typer(help="Emergency checkpoints of a running job.", no_args_is_help=True)
 
@@ -103,6 +103,7 @@ def status(
     typer.echo("latest:  " + (f"iteration {latest['iteration']} at {latest['path']}" if latest else "none"))
     if report["memory"] is not None:
         typer.echo("memory:  " + memory_text(report["memory"]))
+        typer.echo("mem lag: " + lag_text(report["memory"]))
 
 
 def _memory(client, keys: RunKeys) -> dict | None:

@@ -20,7 +20,7 @@ WIRE = {
     "CKPT_REQUEST_JOINED": "ckpt_request_joined", "CKPT_SAVED": "ckpt_saved", "CKPT_FILTERED": "ckpt_filtered",
     "WATCHDOG": "watchdog", "HANG": "hang", "STRAGGLER": "straggler", "JOB_FINISHED": "job_finished",
     "JOB_FAILED": "job_failed", "NOTIFY_SUPPRESSED": "notify_suppressed", "CKPT_RESTORED": "ckpt_restored",
-    "MEM_CKPT_FALLBACK": "mem_ckpt_fallback", "MEM_CKPT_PAUSED": "mem_ckpt_paused",
+    "MEM_CKPT_FALLBACK": "mem_ckpt_fallback", "MEM_CKPT_PAUSED": "mem_ckpt_paused", "MEM_CKPT_LAG": "mem_ckpt_lag",
     "WORKERS_STOPPED": "workers_stopped",
     "ROLLBACK": "rollback", "TRANSIENT_FAULT": "transient_fault", "DATA_SKIPPED": "data_skipped",
     "NODE_SUSPECT": "node_suspect",
@@ -62,6 +62,7 @@ SAMPLES = {
                                   "then": "iteration 41 from memory"},
     EventKind.MEM_CKPT_PAUSED: {"paused": True, "used_bytes": 10, "budget_bytes": 8,
                                 "why": "10 B in use, budget 8 B"},
+    EventKind.MEM_CKPT_LAG: {"lagging": True, "lag": 3, "newest": 44, "restorable": 41, "max_lag": 2},
     EventKind.ROLLBACK: {"cause": "unknown", "iteration": 6, "fault": "nan", "loss": "nan", "grad_norm": "nan",
                          "ranks": [1], "nodes": ["n1"], "level": None, "attempt": 1},
     EventKind.TRANSIENT_FAULT: {"iteration": 6, "fault": "nan", "ranks": [1], "nodes": ["n1"], "attempts": 1,
@@ -156,8 +157,8 @@ def test_the_notified_set_is_what_the_notifier_sends(tmp_path):
         EventKind.NODE_LOST, EventKind.NODE_LEFT, EventKind.LAYOUT, EventKind.CKPT_REQUEST, EventKind.CKPT_SAVED,
         EventKind.CKPT_FILTERED, EventKind.WATCHDOG, EventKind.HANG, EventKind.RESTART, EventKind.STRAGGLER,
         EventKind.NODE_EXCLUDED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED, EventKind.MEM_CKPT_FALLBACK,
-        EventKind.MEM_CKPT_PAUSED, EventKind.ROLLBACK, EventKind.TRANSIENT_FAULT, EventKind.DATA_SKIPPED,
-        EventKind.NODE_SUSPECT,
+        EventKind.MEM_CKPT_PAUSED, EventKind.MEM_CKPT_LAG, EventKind.ROLLBACK, EventKind.TRANSIENT_FAULT,
+        EventKind.DATA_SKIPPED, EventKind.NODE_SUSPECT,
         EventKind.NO_PROGRESS, EventKind.RESTART_BUDGET_EXHAUSTED, EventKind.ETCD_UNAVAILABLE, EventKind.NODE_FENCED,
     }
     out = tmp_path / "sent.jsonl"

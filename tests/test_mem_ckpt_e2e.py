@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 LOSE_AT = 14
 ROOT = Path(__file__).resolve().parents[1]
+SLOW_FROM = 4  # replica_slow: the iteration from which the survivor takes its time over each replica file
 
 
 @pytest.fixture(scope="module")
@@ -143,8 +144,8 @@ def test_a_hung_rank_resumes_from_local_memory(demo, reference, tmp_path):  # no
 
 
 def test_a_corrupt_replica_falls_back_to_the_previous_memory_iteration(demo, reference, tmp_path):  # noqa: F811
-    # A disk save every 10: when the previous memory iteration is gone from the index too (each
-    # node keeps its newest two entries), the fallback is the disk's, never a start from scratch.
+    # A disk save every 10: each node keeps the two newest restorable memory iterations, so the
+    # fallback is the older one; should none be left, the disk's, never a start from scratch.
     result, facts = run_demo(demo, tmp_path, save_interval=10, faults=["replica_corrupt:0@1"])
     ((source, resumed, _),) = facts["restarts"]
     assert source == "memory" or (source, resumed) == ("disk", 10)
@@ -153,7 +154,7 @@ def test_a_corrupt_replica_falls_back_to_the_previous_memory_iteration(demo, ref
     if "injected fault: flipped one byte of the replica" in (tmp_path / "node0.log").read_text():
         (fallback,) = [e for e in fallbacks if "checksum" in e["why"]]
         assert resumed != fallback["iteration"]  # never the corrupt one (an older memory one, or disk's 10)
-    else:  # replication lagged: node 0 held no copy of node 1's newest share to corrupt (issue 33)
+    else:  # no memory iteration was complete on node 0 at all (nothing restorable yet): nothing to corrupt
         assert (source, resumed) == ("disk", 10) and any("no live copy" in e["why"] for e in fallbacks)
 
 
@@ -189,4 +190,43 @@ def test_a_lost_node_and_its_replica_holder_fall_back_to_disk(demo, reference, t
     assert (source, resumed) == ("disk", 10)
     tp, pp, dp, _ = facts["layouts"][-1]
     assert tp * pp * dp == 2  # the survivor's two GPUs, neither killed node
+    assert_same_losses(result, reference)
+
+
+def test_with_replication_slowed_a_lost_node_resumes_from_an_older_memory_iteration(demo, reference, tmp_path):  # noqa: F811
+    """Issue 33: from iteration 4 on, rank 0's node holds each replica file it receives for half a second
+    (``replica_slow``) while every iteration is snapshotted, so node 1's newest shares are not yet on the
+    survivor when node 1 dies. `eft ckpt status` shows the lag first; the survivor then loads an older
+    memory iteration, at least the newest one that had every replica in place: never a start from
+    scratch, never the disk. (The kill comes early: the 24 iterations take a few seconds, and a kill
+    after the last would find nothing left to restart.)"""
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+
+    before: dict = {}
+
+    def status_then_kill(endpoint, run_id, nodes, iteration):
+        if before or iteration < SLOW_FROM + 2:
+            return
+        status = CliRunner().invoke(app, ["ckpt", "status", "--json", "--endpoint", endpoint, "--run-id", run_id])
+        memory = json.loads(status.output)["memory"]
+        if not memory or not memory["lag"] or memory["restorable"] is None:
+            return  # nothing restorable yet, or no lag to show: look again
+        client = connect(StoreOptions(endpoint))
+        rank0 = {p.node for p in MemIndex(client, RunKeys(run_id)).parts() if p.needs}
+        client.close()
+        (victim,) = set(nodes) - rank0
+        processes = [psutil.Process(nodes[victim].pid)]
+        for process in processes[0].children(recursive=True) + processes:
+            process.kill()  # kill -9 of the whole node: its agent and its workers
+        before.update(memory, victim=victim, at=iteration)
+
+    result, facts = run_demo(demo, tmp_path, lose_at=0, faults=[f"replica_slow:0@{SLOW_FROM}"],
+                             during=status_then_kill)
+    assert before["lag"] >= 1 and facts["lost_nodes"] == [before["victim"]]
+    ((source, resumed, redone),) = facts["restarts"]
+    assert source == "memory" and resumed >= before["restorable"], (facts, before)
+    print(f"status before the kill: {before}; resumed {resumed}, {redone} re-done; "
+          f"lag events {events(result, EventKind.MEM_CKPT_LAG)}")
     assert_same_losses(result, reference)

@@ -13,6 +13,7 @@ def test_bad_memory_tier_flags_cost_one_line(tmp_path):
         (["--eft-node-label", "rack"], "--eft-node-label: expected KEY=VALUE"),
         (["--eft-node-label", "zone=a", "--eft-mem-ckpt-domain", "rack"], "--eft-mem-ckpt-domain: this node has no label"),
         (["--eft-mem-ckpt-budget-gb", "-1"], "--eft-mem-ckpt-budget-gb: expected GB >= 0"),
+        (["--eft-mem-ckpt-max-lag", "0"], "--eft-mem-ckpt-max-lag: expected >= 1"),
     ):
         done = subprocess.run([*base, *flags, "examples/minimal_train.py"], capture_output=True, text=True, timeout=60,
                               cwd=Path(__file__).resolve().parents[1])

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticft.contract.memory import MemPart
-from elasticft.memckpt.index import complete_iterations
+from elasticft.memckpt.index import complete_iterations, memory_summary, restorable_iterations
 from elasticft.memckpt.placement import replica_holders
 
 node_ids = st.lists(st.text("abcdefgh0123456789", min_size=1, max_size=4), min_size=1, max_size=12, unique=True)
@@ -75,9 +75,9 @@ def test_the_ring_starts_after_the_origin():
     assert replica_holders("a", {"a": "x"}, 3) == []
 
 
-def part(node, iteration, files, holders, needs=None):
+def part(node, iteration, files, holders, needs=None, replicas=0):
     return MemPart(node, iteration, f"{node}:1", {f: [10, 1] for f in files}, list(holders),
-                   {h: f"{h}:1" for h in holders}, needs=needs)
+                   {h: f"{h}:1" for h in holders}, replicas=replicas, needs=needs)
 
 
 NEEDS = [".metadata", "__0_0.distcp", "__1_0.distcp"]
@@ -121,3 +121,21 @@ def test_a_share_lost_with_every_holder_is_named_and_an_unpublished_one_is_not()
     assert lost_share(parts, {"a"}, None) == (13, "b's share has no live copy (held by b, c)")
     assert lost_share(parts, {"a"}, 13) is None  # nothing newer than what can be restored
     assert lost_share(parts, {"b", "c"}, None) is None  # a's shares live on b
+
+
+def test_restorable_when_complete_with_every_replica_in_place():
+    def pair(k, a_holders, b_holders):
+        return [part("a", k, [".metadata", "__0_0.distcp"], a_holders, NEEDS, replicas=1),
+                part("b", k, ["__1_0.distcp"], b_holders, replicas=1)]
+
+    parts = pair(5, ["a", "b"], ["b", "a"]) + pair(6, ["a", "b"], ["b"]) + pair(7, ["a"], ["b"])
+    alive = {"a", "b"}
+    assert [c.iteration for c in complete_iterations(parts, alive)] == [7, 6, 5]
+    assert restorable_iterations(parts, alive) == [5]  # 6 and 7 still wait for a replica
+    assert restorable_iterations(parts, {"a"}) == []  # b is gone: 5 is complete, but one replica short
+    summary = memory_summary(parts, alive)
+    assert (summary["iteration"], summary["newest_written"], summary["restorable"], summary["lag"]) == (7, 7, 5, 2)
+    assert memory_summary(pair(7, ["a"], ["b"]), alive)["restorable"] is None
+    assert memory_summary(pair(7, ["a"], ["b"]), alive)["lag"] == 1
+    lone = [part("a", 3, NEEDS, ["a"], NEEDS)]  # a one-node job pushes to nobody: complete is restorable
+    assert restorable_iterations(lone, {"a"}) == [3]

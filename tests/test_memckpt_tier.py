@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.launch import wait_for
 from elasticft.contract.events import EventKind
 from elasticft.contract.memory import LAG_MARKER, PAUSE_MARKER, RESTORE_FILE, RestorePlan
 from elasticft.memckpt.index import MemIndex
@@ -188,3 +189,45 @@ def test_while_a_part_waits_for_its_replica_the_workers_are_told_to_hold_the_nex
     assert nodes[0].tier.flush(30) and not marker.exists()
     parts = sorted((p.iteration, p.holders) for p in MemIndex(etcd, run_keys).parts() if p.node == "n0")
     assert parts == [(ITER, ["n0"]), (ITER + 1, ["n0"])]  # both published; no copy claimed that does not exist
+
+
+def lagging_pair(cluster, etcd, run_keys, tmp_path):
+    """Two nodes; after ITER, n1's pushes to n0 are refused (its address points at a port that takes
+    no connection), so none of n1's later parts has its replica and ITER stays the newest restorable
+    iteration while three more snapshots are taken (one more than --eft-mem-ckpt-max-lag's 2)."""
+    nodes = cluster(2)
+    save_all(nodes, ITER, tmp_path)
+    refusing = socket.socket()
+    refusing.bind(("127.0.0.1", 0))  # bound, never listening: every connection is refused
+    etcd.put(run_keys.mem_server("n0"), "127.0.0.1:%d" % refusing.getsockname()[1])
+    for iteration in range(ITER + 1, ITER + 4):
+        save_all(nodes, iteration, tmp_path)
+    return nodes, refusing
+
+
+def test_a_node_keeps_the_restorable_iteration_however_far_replication_lags(cluster, etcd, run_keys, tmp_path):
+    (n0, n1), refusing = lagging_pair(cluster, etcd, run_keys, tmp_path)
+    with refusing:
+        assert ITER in n0.tier.node_dir.own_parts() and n0.tier.node_dir.held_part("n1", ITER).is_dir()
+        for node in (n0, n1):  # over the most lag: the workers hold their snapshots, and an event says why
+            assert (node.run_dir / LAG_MARKER).exists()
+            assert node.kinds(EventKind.MEM_CKPT_LAG) == [
+                {"lagging": True, "lag": 3, "newest": ITER + 3, "restorable": ITER, "max_lag": 2}]
+        lose(n1)
+        n0.start_workers({"n0"})  # n1's newer shares have no copy on n0: ITER, not nothing
+        assert [(c.iteration, c.ready) for c in plan_of(n0).candidates] == [(ITER, True)]
+
+
+def test_when_replication_catches_up_the_lag_ends_and_the_old_iteration_goes(cluster, etcd, run_keys, tmp_path):
+    (n0, n1), refusing = lagging_pair(cluster, etcd, run_keys, tmp_path)
+    refusing.close()
+    etcd.put(run_keys.mem_server("n0"), n0.tier.address)  # n1 pushes again what n0 refused (while it lags)
+    markers = [node.run_dir / LAG_MARKER for node in (n0, n1)]
+    wait_for(lambda: not any(m.exists() for m in markers), 30, "the lag markers to go")
+    save_all([n0, n1], ITER + 4, tmp_path)  # each node reads the index again after it, and prunes
+    for node in (n0, n1):
+        assert [e["lagging"] for e in node.kinds(EventKind.MEM_CKPT_LAG)] == [True, False]
+    parts = {(p.node, p.iteration): p.holders for p in MemIndex(etcd, run_keys).parts()}
+    assert parts[("n1", ITER + 3)] == ["n1", "n0"] and min(k for _, k in parts) >= ITER + 2
+    assert min(n0.tier.node_dir.own_parts()) >= ITER + 2  # the two newest restorable, and newer
+    assert min(n0.tier.node_dir.held_parts()["n1"]) >= ITER + 2

@@ -180,7 +180,8 @@ class FTElasticAgent(LocalElasticAgent):
             self._services.start(ctx, self._settings, self._ckpt, probe)
             self._numerics.connect(ctx, self._ckpt.on_outbox)  # after the relay started
             self._memory = MemoryService(self._settings.memory, ctx, spec.local_addr or socket.getfqdn(),
-                                         self._run_dir, self._holds_rank0, self._settings.ft.inject).start(self._ckpt)
+                                         self._run_dir, self._holds_rank0, self._settings.ft.inject,
+                                         self._settings.replication.mem_ckpt_max_lag).start(self._ckpt)
             os.environ.update(MemoryService.worker_environment(self._settings.memory))
         timeouts = SectionTimeouts.for_worker(self._settings.hang, spec.args,
                                               ctx.client if ctx else None, ctx.keys if ctx else None)

@@ -21,7 +21,7 @@ from elasticft.agent.context import AgentContext
 from elasticft.config import MemoryConfig, env_name
 from elasticft.contract.checkpoints import iter_dir_name
 from elasticft.contract.events import EventKind
-from elasticft.contract.faults import FaultKind, parse_faults
+from elasticft.contract.faults import REPLICA_SLOW_SECONDS, FaultKind, parse_faults
 from elasticft.contract.memory import HELD_DIR
 from elasticft.contract.progress import read_progress
 from elasticft.contract.run_dir import FIRED_PREFIX, OutboxKind
@@ -32,14 +32,15 @@ log = logging.getLogger(__name__)
 
 class MemoryService:
     def __init__(self, config: MemoryConfig, ctx: AgentContext, host: str, run_dir: Path,
-                 holds_rank0: Callable[[], bool], inject: str = ""):
+                 holds_rank0: Callable[[], bool], inject: str = "", max_lag: int = 2):
         self.config = config
         self._inject = inject
         self._ctx = ctx
         self._run_dir = Path(run_dir)
         self._holds_rank0 = holds_rank0
         self._reached: int | None = None  # the previous generation's highest iteration
-        self.tier = (MemoryTier(config, ctx.node_id, host, ctx.client, ctx.keys, self._run_dir, ctx.record)
+        self.tier = (MemoryTier(config, ctx.node_id, host, ctx.client, ctx.keys, self._run_dir, ctx.record,
+                                max_lag=max_lag)
                      if config.enabled else None)
 
     def start(self, ckpt: CheckpointCoordinator) -> MemoryService:
@@ -73,6 +74,7 @@ class MemoryService:
         domains[self._ctx.node_id] = self.config.domain()
         self.tier.set_members(domains)
         self._inject_corruption(group_rank, set(domains))
+        self._inject_slowness(group_rank)
         return self.tier.prepare_start(set(domains), self._reached)
 
     def _inject_corruption(self, group_rank: int | None, alive: set[str]) -> None:
@@ -97,6 +99,14 @@ class MemoryService:
                 f.write(bytes([byte[0] ^ 0xFF]))
             marker.touch()
             log.warning("injected fault: flipped one byte of the replica %s", files[-1])
+
+    def _inject_slowness(self, group_rank: int | None) -> None:
+        """``--eft-inject replica_slow:NODE@I``: this node's shard server holds each replica file it receives."""
+        for fault in parse_faults(self._inject):
+            if fault.kind is FaultKind.REPLICA_SLOW and fault.target == group_rank and self.tier.slow_replicas is None:
+                self.tier.slow_replicas = (fault.iteration, REPLICA_SLOW_SECONDS)
+                log.warning("injected fault: replicas of iteration %d on are held %.1f s each on arrival",
+                            fault.iteration, REPLICA_SLOW_SECONDS)
 
     def _on_saved(self, message: dict) -> None:
         self.tier.on_saved(int(message["iteration"]), str(message["path"]))

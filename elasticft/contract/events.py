@@ -67,6 +67,10 @@ class EventKind(enum.StrEnum):
     MEM_CKPT_FALLBACK = "mem_ckpt_fallback"
     # The memory tier paused or went on; paused (bool), used_bytes, budget_bytes, why.
     MEM_CKPT_PAUSED = "mem_ckpt_paused"
+    # A node's memory snapshots ran more than max_lag ahead of the newest iteration with every replica in
+    # place, so the workers take none until replication catches up (lagging True), or it caught up (False);
+    # lagging, lag (snapshots taken since), newest (taken), restorable (None: none yet), max_lag.
+    MEM_CKPT_LAG = "mem_ckpt_lag"
     # The source's workers stopped (a restart, the end); why (restart, finished or failed), and what local
     # rank 0's heartbeat says of its process: rank, iteration (last), first_iteration, started, first_step,
     # last_beat (unix times), steps, totals ({section: seconds}), stalls ({tier: seconds} steps waited for
@@ -110,8 +114,8 @@ NOTIFIED_KINDS = frozenset({
     EventKind.NODE_LOST, EventKind.NODE_LEFT, EventKind.LAYOUT, EventKind.CKPT_REQUEST, EventKind.CKPT_SAVED,
     EventKind.CKPT_FILTERED, EventKind.WATCHDOG, EventKind.HANG, EventKind.RESTART, EventKind.STRAGGLER,
     EventKind.NODE_EXCLUDED, EventKind.JOB_FINISHED, EventKind.JOB_FAILED, EventKind.MEM_CKPT_FALLBACK,
-    EventKind.MEM_CKPT_PAUSED, EventKind.ROLLBACK, EventKind.TRANSIENT_FAULT, EventKind.DATA_SKIPPED,
-    EventKind.NODE_SUSPECT,
+    EventKind.MEM_CKPT_PAUSED, EventKind.MEM_CKPT_LAG, EventKind.ROLLBACK, EventKind.TRANSIENT_FAULT,
+    EventKind.DATA_SKIPPED, EventKind.NODE_SUSPECT,
     EventKind.NO_PROGRESS, EventKind.RESTART_BUDGET_EXHAUSTED, EventKind.ETCD_UNAVAILABLE, EventKind.NODE_FENCED,
 })
 
@@ -225,6 +229,12 @@ _LINES: dict[EventKind, Callable[[_Fields], str]] = {
         f"memory checkpoint of iteration {f['iteration']} unusable ({f['why']}); falling back to {f['then']}"),
     EventKind.MEM_CKPT_PAUSED: lambda f: (
         ("memory checkpoints paused: " if f.event.get("paused") else "memory checkpoints resumed: ") + f['why']),
+    EventKind.MEM_CKPT_LAG: lambda f: (
+        (f"memory snapshots wait for replication: {f['lag']} taken since the newest iteration with every "
+         f"replica in place ({'none yet' if f.event.get('restorable') is None else f['restorable']}), more than "
+         f"{f['max_lag']}; newest taken {f['newest']}") if f.event.get("lagging") else
+        (f"memory replication caught up: iteration {f['restorable']} has every replica in place; {f['lag']} "
+         f"snapshot(s) taken since (newest {f['newest']})")),
     EventKind.WORKERS_STOPPED: lambda f: (
         f"workers of {f['source']} stopped ({f['why']}) at iteration {f['iteration']} after {f['steps']} step(s)"),
     EventKind.JOB_FINISHED: lambda f: "job finished",

@@ -12,6 +12,9 @@ A comma-separated list of ``KIND:TARGET@ITERATION``:
 * ``replica_corrupt:NODE@I`` — at the first start of the workers after iteration I, the
   agent with group rank NODE flips one byte of the newest memory checkpoint replica it
   holds, before it assembles the restore (memory gone bad at rest);
+* ``replica_slow:NODE@I`` — from the first start of the workers on, the agent with group
+  rank NODE holds every replica file of iteration I or later that a peer pushes to it for
+  ``REPLICA_SLOW_SECONDS`` before it stores it (replication slower than the snapshots);
 * ``nan:RANK@I`` — the loss rank RANK computes in the step that makes iteration I is NaN,
   once (a transient fault: the re-run is clean);
 * ``poison:RANK@I`` — the same, every time that step runs (bad data: the re-run gives the
@@ -50,11 +53,13 @@ class FaultKind(enum.StrEnum):
     RANK_HUNG = "rank_hung"
     NODE_LOST = "node_lost"
     REPLICA_CORRUPT = "replica_corrupt"
+    REPLICA_SLOW = "replica_slow"
     NAN = "nan"
     POISON = "poison"
     CORRUPT = "corrupt"
 
 
+REPLICA_SLOW_SECONDS = 0.5  # replica_slow: how long the slow agent holds each replica file it receives
 LOSS_FAULTS = frozenset({FaultKind.NAN, FaultKind.POISON, FaultKind.CORRUPT})  # act in FaultInjector.loss
 
 

@@ -40,7 +40,9 @@ OWNER_FILE = "owner.json"
 # Run-directory files (beside elasticft.contract.run_dir's).
 RESTORE_FILE = "mem-restore.json"  # agent -> workers: what was assembled for this start
 PAUSE_MARKER = "mem-paused"  # agent -> workers: over budget, take no memory snapshots
-# agent -> workers: this node's newest snapshot is still being replicated; the next waits for it
+# agent -> workers: take no memory snapshot for now: this node's newest is still being replicated with
+# another queued behind it, or it has taken more than --eft-mem-ckpt-max-lag snapshots since the newest
+# restorable iteration (``elasticft.memckpt.lag``)
 LAG_MARKER = "mem-replicating"
 
 CHECKSUM_HEADER = "X-EFT-CRC32"
@@ -70,7 +72,8 @@ class MemPart:
 
     ``files`` maps a file name to ``[size, crc32]``; ``holders`` are the nodes that keep a
     verified copy (the origin first, then its replicas), ``addresses`` where to read from each of
-    them; ``needs`` is set on the part that
+    them; ``replicas`` how many other nodes the origin pushes it to (its replicas are in place
+    when that many more holders are listed); ``needs`` is set on the part that
     holds ``.metadata``: every file the checkpoint consists of.
     """
 
@@ -81,6 +84,7 @@ class MemPart:
     holders: list[str] = field(default_factory=list)
     addresses: dict[str, str] = field(default_factory=dict)  # holder -> host:port of its shard server
     world_size: int = 0
+    replicas: int = 0  # other nodes the origin pushes this part to (0 in records of older versions)
     needs: list[str] | None = None
     path: str = ""  # the part's directory on the origin, relative to its node dir
     time: float = 0.0

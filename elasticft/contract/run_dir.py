@@ -7,7 +7,7 @@ sides take every name below from here, so neither spells the other's files:
 * ``request.json``: the open checkpoint request, written by the agent;
 * ``outbox/*.json``: rank 0's (and, for the memory tier, local rank 0's) messages to its agent
   (an ``OutboxKind`` each);
-* ``mem-restore.json``, ``mem-paused``: the memory tier's (``elasticft.contract.memory``);
+* ``mem-restore.json``, ``mem-paused``, ``mem-replicating``: the memory tier's (``elasticft.contract.memory``);
 * ``numerics.json``, ``rollback.json``: the numbers check's (``elasticft.contract.numerics``);
 * ``progress/<local rank>.json``: each rank's heartbeat (``elasticft.contract.progress``);
 * ``inject-*``: markers of injected faults (``elasticft.contract.faults``).

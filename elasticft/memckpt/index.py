@@ -3,7 +3,9 @@
 etcd holds one small record per part (``mem/parts/<node>/<iteration>``, a ``MemPart``):
 which files, their sizes and crc32s, and which nodes hold a verified copy. The bytes stay
 on the nodes. ``complete_iterations`` is pure: given the index and who is alive, it says
-which iterations can be assembled in full and where each file can be read from.
+which iterations can be assembled in full and where each file can be read from;
+``restorable_iterations`` says which of them also have every replica in place, so that they
+stay complete when a node is lost: what each node keeps until a newer one is restorable.
 """
 
 from __future__ import annotations
@@ -65,6 +67,21 @@ def complete_iterations(parts: list[MemPart], alive: set[str]) -> list[CompleteI
     return out
 
 
+def restorable_iterations(parts: list[MemPart], alive: set[str]) -> list[int]:
+    """Complete iterations whose every part has all its replicas in place, newest first.
+
+    A part's replicas are in place when at least ``1 + part.replicas`` alive nodes hold it (the
+    origin and the other nodes it pushes to). Such an iteration stays complete when any
+    ``replicas`` nodes are lost, so a node may drop an older iteration once it has seen a newer
+    one restorable: whatever happens next, there is one to go back to.
+    """
+    by_iteration: dict[int, list[MemPart]] = {}
+    for part in parts:
+        by_iteration.setdefault(part.iteration, []).append(part)
+    return [c.iteration for c in complete_iterations(parts, alive)
+            if all(sum(h in alive for h in set(p.holders)) >= 1 + p.replicas for p in by_iteration[c.iteration])]
+
+
 def lost_share(parts: list[MemPart], alive: set[str], newer_than: int | None) -> tuple[int, str] | None:
     """The newest iteration above ``newer_than`` that some node published but no live node holds
     a copy of: (iteration, why). A share never published (its node died before its agent could
@@ -80,15 +97,20 @@ def lost_share(parts: list[MemPart], alive: set[str], newer_than: int | None) ->
 
 def memory_summary(parts: list[MemPart], alive: set[str]) -> dict | None:
     """What a person wants to know (``eft top``, ``eft ckpt status``): the newest iteration the
-    live nodes can restore, and who holds each node's part of it; None without any part."""
+    live nodes can restore, and who holds each node's part of it; the newest with every replica in
+    place, and the replication lag: how many snapshots were written after it; None without any part."""
     if not parts:
         return None
     complete = complete_iterations(parts, alive)
     newest = complete[0].iteration if complete else None
+    restorable = next(iter(restorable_iterations(parts, alive)), None)
+    written = {p.iteration for p in parts}
     of_newest = sorted((p for p in parts if p.iteration == newest), key=lambda p: p.node)
     return {
         "iteration": newest,
-        "newest_written": max(p.iteration for p in parts),
+        "newest_written": max(written),
+        "restorable": restorable,
+        "lag": sum(1 for k in written if restorable is None or k > restorable),
         "holders": {p.node: list(p.holders) for p in of_newest},
         "time": max((p.time for p in of_newest), default=None),
         "bytes": sum(p.size for p in of_newest),

@@ -138,8 +138,9 @@ class NodeDir:
     # -- pruning ----------------------------------------------------------------
 
     def prune_own(self, keep_from: int) -> list[int]:
-        """Remove own parts older than ``keep_from`` (the older of the two newest published); newer ones
-        may be being written. Emptied generations other than the newest go too. Returns the iterations removed."""
+        """Remove own parts older than ``keep_from`` (the older of the two newest restorable iterations seen);
+        newer ones may be being written. Emptied generations other than the newest go too. Returns the
+        iterations removed."""
         removed = []
         generations = self.generations()
         for n in generations:
@@ -152,11 +153,12 @@ class NodeDir:
                 _remove(gen)
         return sorted(set(removed))
 
-    def prune_held(self, keep: int = 2) -> None:
-        """Per origin, keep the newest ``keep`` iterations: a corrupt newest replica still leaves the one before."""
-        for origin, parts in self.held_parts().items():
-            for k in sorted(parts)[:-keep] if keep else sorted(parts):
-                _remove(parts[k])
+    def prune_held(self, keep_from: int) -> None:
+        """Remove replicas older than ``keep_from`` (the older of the two newest restorable iterations seen)."""
+        for parts in self.held_parts().values():
+            for k, path in parts.items():
+                if k < keep_from:
+                    _remove(path)
 
     def drop_above(self, iteration: int | None) -> None:
         """Remove own and held parts newer than ``iteration`` (None: all): a timeline the workers left.

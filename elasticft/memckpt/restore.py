@@ -1,7 +1,8 @@
 """Assembling a memory checkpoint for a restart: every file of an iteration in one directory.
 
 Before the workers start, each agent builds ``restore/iter_K`` for the newest iterations the
-survivors can complete (at most two, so that a corrupt newest one still leaves a choice).
+survivors can complete (two that are ready, so that one that does not load still leaves a choice;
+one it could not build is removed and the next older one tried).
 A file this node holds is checked against the index's crc32 and hard-linked (same tmpfs: no
 copy); any other file is fetched from an alive holder, trying each in turn. A file no holder
 can deliver intact makes that candidate not ready; the workers then take the next one, or
@@ -91,8 +92,13 @@ def assemble(node_dir: NodeDir, node_id: str, run_id: str, complete: CompleteIte
 
 def assemble_candidates(node_dir: NodeDir, node_id: str, run_id: str, complete: list[CompleteIteration],
                         record: Callable[..., None], timeout: float = 60.0) -> list[RestoreCandidate]:
-    """Assemble the newest MAX_CANDIDATES complete iterations; record a fallback for each that failed."""
-    candidates = [assemble(node_dir, node_id, run_id, c, timeout) for c in complete[:MAX_CANDIDATES]]
+    """Assemble complete iterations, newest first, until MAX_CANDIDATES are ready; record a fallback for
+    each that failed (the older restorable one a node kept is then still tried)."""
+    candidates: list[RestoreCandidate] = []
+    for c in complete:
+        if sum(candidate.ready for candidate in candidates) >= MAX_CANDIDATES:
+            break
+        candidates.append(assemble(node_dir, node_id, run_id, c, timeout))
     for i, candidate in enumerate(candidates):
         if candidate.ready:
             continue

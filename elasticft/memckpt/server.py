@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -130,6 +131,7 @@ class _Handler(BaseHTTPRequestHandler):
             if got != int(crc):
                 raise _Refused(400, f"{name} of {origin} iteration {iteration}: checksum mismatch "
                                     f"(got {got:08x}, sent {int(crc):08x})")
+            owner.hold(iteration)
             os.replace(tmp, folder / name)
         finally:
             tmp.unlink(missing_ok=True)
@@ -153,10 +155,16 @@ class ShardServer:
         self.node_id = node_id
         self.run_id = run_id
         self.on_received = on_received  # a replica file arrived: the tier re-checks its budget
+        self.slow: tuple[int, float] | None = None  # injected (replica_slow): from iteration, seconds per file
         self._server = _Server((host, port), _Handler)
         self._server.owner = self
         self.address = f"{host}:{self._server.server_address[1]}"
         self._thread: threading.Thread | None = None
+
+    def hold(self, iteration: int) -> None:
+        """An injected slow link (``--eft-inject replica_slow``): hold a received replica file a while."""
+        if self.slow is not None and iteration >= self.slow[0]:
+            time.sleep(self.slow[1])  # the fault itself: a slow link, not a wait for anything
 
     def start(self) -> "ShardServer":
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},

@@ -22,6 +22,7 @@ from elasticft.contract.memory import LAG_MARKER, RESTORE_FILE, RestorePlan
 from elasticft.contract.run_dir import WorkerEnv, write_atomically
 from elasticft.memckpt.budget import PauseGate
 from elasticft.memckpt.index import MemIndex, complete_iterations, lost_share
+from elasticft.memckpt.lag import LagGate
 from elasticft.memckpt.node_dir import NodeDir
 from elasticft.memckpt.reclaim import claim, reclaim_and_say, remove_run_dir_if_empty
 from elasticft.memckpt.replicator import Replicator
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 class MemoryTier:
     def __init__(self, config: MemoryConfig, node_id: str, host: str, client: EtcdClient, keys: RunKeys,
-                 run_dir: Path, record: Callable[..., None], timeout: float = 60.0):
+                 run_dir: Path, record: Callable[..., None], timeout: float = 60.0, max_lag: int = 2):
         self.config = config
         self.node_id = node_id
         self.host = host
@@ -43,6 +44,7 @@ class MemoryTier:
         self.run_dir = Path(run_dir)
         self.record = record
         self.timeout = timeout  # one transfer's socket timeout
+        self.max_lag = max_lag  # --eft-mem-ckpt-max-lag
         self.node_dir = NodeDir(Path(config.mem_ckpt_dir) / keys.run_id / node_id)
         self.index = MemIndex(client, keys)
         self._lock = threading.RLock()
@@ -62,7 +64,8 @@ class MemoryTier:
         gate = PauseGate(self.run_dir, self.config.budget_bytes(), self.record)
         self._replicator = Replicator(self.node_dir, self.node_id, self.address, self.keys.run_id, self.index,
                                       self.config.mem_ckpt_replicas, gate, self._members, self._address_of,
-                                      self._lock, self.timeout, lag_marker=self.run_dir / LAG_MARKER)
+                                      self._lock, self.timeout,
+                                      LagGate(self.run_dir / LAG_MARKER, self.max_lag, self.record))
         self._replicator.start()
 
     def close(self) -> None:
@@ -76,6 +79,16 @@ class MemoryTier:
                 log.warning("memory tier: could not remove this node's server address: %s", exc)
         self.node_dir.remove()
         remove_run_dir_if_empty(self.node_dir.root.parent)
+
+    @property
+    def slow_replicas(self) -> tuple[int, float] | None:
+        """An injected slow link (``replica_slow``): from which iteration, how many seconds per received file."""
+        return self._server.slow if self._server is not None else None
+
+    @slow_replicas.setter
+    def slow_replicas(self, slow: tuple[int, float] | None) -> None:
+        if self._server is not None:
+            self._server.slow = slow
 
     @property
     def address(self) -> str:
@@ -114,8 +127,7 @@ class MemoryTier:
         replicator.discard_pending()
         with self._lock:
             self.node_dir.drop_above(iteration)
-            floor = -1 if iteration is None else iteration
-            replicator.published = [k for k in replicator.published if k <= floor]
+            replicator.forget_above(-1 if iteration is None else iteration)
             try:
                 if is_rank0_node:
                     self.index.drop_above(iteration)

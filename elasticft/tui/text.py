@@ -143,6 +143,7 @@ def checkpoint_lines(checkpoints: dict) -> list[tuple[str, str]]:
     memory = checkpoints.get("memory")
     if memory is not None:
         lines.append(("memory", memory_text(memory)))
+        lines.append(("mem lag", lag_text(memory)))
     return lines
 
 
@@ -154,6 +155,19 @@ def memory_text(memory: dict) -> str:
                       for node, holders in memory["holders"].items())
     age = f", {duration(memory['age_s'])} ago" if memory.get("age_s") is not None else ""
     return f"iteration {memory['iteration']}{age}, {memory['bytes'] / 1e6:.1f} MB; {where}"
+
+
+def lag_text(memory: dict) -> str:
+    """How far replication lags: snapshots written after the newest iteration with every replica in place."""
+    restorable, lag = memory.get("restorable"), memory.get("lag")
+    if not isinstance(lag, int):
+        return "unknown (an older index)"
+    if restorable is None:
+        return f"{lag} snapshot(s) written (newest {memory['newest_written']}), none with every replica in place yet"
+    if lag == 0:
+        return f"none: iteration {restorable} has every replica in place"
+    return (f"{lag} snapshot(s): newest written {memory['newest_written']}, newest with every replica in place "
+            f"{restorable}")
 
 
 def gpu_line(row: GpuRow) -> str:

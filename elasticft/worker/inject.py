@@ -46,7 +46,7 @@ class FaultInjector:
     def _targets(fault: Fault, rank: int, local_rank: int, group_rank: int) -> bool:
         if fault.kind is FaultKind.NODE_LOST:  # one worker of the node pulls the plug
             return fault.target == group_rank and local_rank == 0
-        if fault.kind is FaultKind.REPLICA_CORRUPT:  # the agent's (elasticft.agent.memory)
+        if fault.kind in (FaultKind.REPLICA_CORRUPT, FaultKind.REPLICA_SLOW):  # the agent's (elasticft.agent.memory)
             return False
         return fault.target == rank
 
