@@ -39,7 +39,7 @@ from torch.distributed.run import run as torchrun_run
 from elasticft.agent.agent import FTElasticAgent
 from elasticft.agent.context import EtcdTarget
 from elasticft.agent.restart_budget import NoProgress
-from elasticft.config import ConfigError
+from elasticft.config import ConfigError, Settings
 from elasticft.contract.exit_codes import ExitCode
 from elasticft.contract.faults import parse_faults
 from elasticft.contract.keys import RunKeys
@@ -51,7 +51,6 @@ from elasticft.rendezvous.backend import (
     RendezvousConfigError,
     close_watches,
 )
-from elasticft.settings import Settings
 from elasticft.slurm.job import SlurmJob
 from elasticft.rendezvous.reuse import prepare_run
 from elasticft.store import EmbeddedEtcd, EtcdNotFound, StoreError, StoreUnavailable, connect

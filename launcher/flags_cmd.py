@@ -1,6 +1,6 @@
 """``eft flags``: the reference of eft-run's own flags, written from the knobs themselves.
 
-Every knob (``elasticft/settings.py``: one dataclass per concern, a field per knob, its
+Every knob (``elasticft/config/settings.py``: one dataclass per concern, a field per knob, its
 default and one line of help) is a flag, an ``EFT_*`` variable and a default; this page is
 generated from them so that it cannot drift: ``eft flags > docs/flags.md``, and
 ``tests/test_flags_reference.py`` fails when the page and the knobs differ.
@@ -12,12 +12,11 @@ import dataclasses
 
 import typer
 
-from elasticft.knobs import env_name, flag_name
-from elasticft.settings import Settings
+from elasticft.config import Settings, env_name, flag_name
 
 HEADER = """# eft-run flags
 
-Generated from the knobs (`elasticft/settings.py`) by `eft flags > docs/flags.md`: do not
+Generated from the knobs (`elasticft/config/settings.py`) by `eft flags > docs/flags.md`: do not
 edit by hand (`tests/test_flags_reference.py` fails when this page and the knobs differ).
 Every flag also reads its `EFT_*` variable; a flag on the command line wins over its
 variable. torchrun's own flags keep their meaning and their `PET_*` variables

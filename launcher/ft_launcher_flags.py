@@ -15,8 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from elasticft.config import ConfigError
-from elasticft.settings import Settings
+from elasticft.config import ConfigError, Settings
 
 log = logging.getLogger("elasticft.launcher")
 

@@ -27,9 +27,9 @@ import threading
 import time
 from typing import Callable
 
+from elasticft.config import flag_name
 from elasticft.contract.end_time import SharedEndTime
 from elasticft.contract.keys import RunKeys
-from elasticft.knobs import flag_name
 from elasticft.slurm.job import SlurmJob, end_time
 from elasticft.store import EtcdClient, StoreError, StoreOptions, StoreUnavailable, connect
 

@@ -11,8 +11,8 @@ import time
 from typing import Callable
 
 from elasticft.agent.context import EtcdTarget
+from elasticft.config import Settings
 from elasticft.contract.run_dir import WorkerEnv
-from elasticft.settings import Settings
 from elasticft.slurm.defaults import derive, parent_process, signal_warning
 from elasticft.slurm.job import SlurmJob, end_time
 from elasticft.slurm.worker_env import stale_variables

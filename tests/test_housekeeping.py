@@ -13,9 +13,8 @@ import pytest
 
 from elasticft.agent.context import AgentContext, EtcdTarget
 from elasticft.agent.housekeeping import EtcdHousekeeper
+from elasticft.config import ConfigError, HousekeepingConfig
 from elasticft.contract.keys import RunKeys
-from elasticft.housekeeping_config import HousekeepingConfig
-from elasticft.knobs import ConfigError
 from elasticft.rendezvous.keyset import KeySet
 from elasticft.store import EmbeddedEtcd, StoreError, StoreOptions, connect
 

@@ -94,7 +94,7 @@ def test_the_boot_runs_the_sitecustomize_it_shadows(tmp_path):
 def test_ft_launchers_section_timeouts_are_efts_in_each_spelling():
     from launcher import ft_launcher_flags
     from launcher.eft_run import build_parser
-    from elasticft.settings import Settings
+    from elasticft.config import Settings
 
     for spelling in ("--ft-param-rank_section_timeouts", "--ft-rank-section-timeouts", "--ft-rank_section_timeouts"):
         args = build_parser().parse_args([f"{spelling}=setup:60,step:7", "--ft-rank-out-of-section-timeout", "30",

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from elasticft.agent.warm_pool import WarmPool
+from elasticft.config import StartConfig
 from elasticft.contract.warm_start import changed_variables, parse_python_command
-from elasticft.start_config import StartConfig
 
 # What a worker can see of how it was started; the run differs only in the run's own values.
 DUMP = textwrap.dedent('''
@@ -241,7 +241,7 @@ AGENT = textwrap.dedent('''
     import os, sys, time
     from pathlib import Path
     from elasticft.agent.warm_pool import WarmPool
-    from elasticft.start_config import StartConfig
+    from elasticft.config import StartConfig
     pool = WarmPool(StartConfig(warm_workers=True), Path(sys.argv[1]), die_with_agent=True)
     pool.stand_ready(sys.executable, ("-u", sys.argv[2]), 2)
     worker = pool.start((sys.executable, "-u", sys.argv[2]), dict(os.environ), set(), None, None, 0)

@@ -80,14 +80,13 @@ from elasticft.agent.restart_budget import BudgetExhausted, RestartBudget, faile
 from elasticft.agent.segments import StopRecorder
 from elasticft.agent.services import AgentServices, WorkerProbe
 from elasticft.agent.warm_pool import WarmPool
+from elasticft.config import Settings, env_name
 from elasticft.contract.events import EventKind
 from elasticft.contract.phases import RestartPhase
 from elasticft.contract.progress import read_progress
 from elasticft.contract.records import layout_record
 from elasticft.contract.run_dir import WorkerEnv
-from elasticft.knobs import env_name
 from elasticft.rendezvous.backend import hold_joins, rendezvous_round, share_node_lease, stand_aside_if_cut
-from elasticft.settings import Settings
 from elasticft.slurm.worker_env import slurm_worker_env
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable
 
 from elasticft.agent.context import AgentContext
-from elasticft.housekeeping_config import HousekeepingConfig
+from elasticft.config import HousekeepingConfig
 from elasticft.periodic import PeriodicTask
 from elasticft.store import StoreError
 

@@ -20,9 +20,9 @@ from torch.distributed.elastic.agent.server.api import WorkerGroup
 from torch.distributed.elastic.multiprocessing import SignalException
 
 from elasticft.agent.context import AgentContext
+from elasticft.config import Settings
 from elasticft.contract.events import EventKind
 from elasticft.rendezvous.backend import close_for_everyone, rendezvous_closed
-from elasticft.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -30,6 +30,7 @@ import time
 from collections.abc import Sequence
 
 from elasticft.agent.context import AgentContext
+from elasticft.config import Settings
 from elasticft.contract.argv import flag_value
 from elasticft.contract.events import EventKind
 from elasticft.contract.memory import MemPart, part_of_key
@@ -37,7 +38,6 @@ from elasticft.contract.records import JoinHold, LetIn
 from elasticft.memckpt.index import complete_iterations
 from elasticft.rendezvous.held import Formed
 from elasticft.rendezvous.keyset import KeySet
-from elasticft.settings import Settings
 from elasticft.store import StoreError
 
 log = logging.getLogger(__name__)

@@ -42,12 +42,11 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from elasticft.agent.context import AgentContext
 from elasticft.agent.decide import RestartReason
 from elasticft.agent.join_gate import newest_checkpoint
-from elasticft.config import RestartConfig
+from elasticft.config import RestartConfig, flag_name
 from elasticft.contract.events import EventKind
 from elasticft.contract.exit_codes import ExitCode
 from elasticft.contract.progress import read_progress
 from elasticft.contract.restarts import Ending, ProgressMark, RestartRecord
-from elasticft.knobs import flag_name
 from elasticft.memckpt.index import MemIndex
 from elasticft.store import StoreError
 from elasticft.torch_seam import write_error_file

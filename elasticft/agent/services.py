@@ -18,6 +18,7 @@ from elasticft.agent.housekeeping import EtcdHousekeeper
 from elasticft.agent.notify import Notifier
 from elasticft.agent.stragglers import StragglerMonitor
 from elasticft.agent.watchdogs import Watchdogs, worker_activity
+from elasticft.config import Settings
 from elasticft.contract.faults import FaultKind, parse_faults
 from elasticft.health import (
     EtcdHealthPublisher,
@@ -27,7 +28,6 @@ from elasticft.health import (
     make_source,
 )
 from elasticft.health.injected import InjectedGpuSource
-from elasticft.settings import Settings
 
 log = logging.getLogger(__name__)
 

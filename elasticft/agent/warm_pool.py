@@ -32,8 +32,8 @@ from pathlib import Path
 
 from elasticft import torch_seam
 from elasticft.agent.orphans import unguarded_command
+from elasticft.config import StartConfig
 from elasticft.contract.warm_start import WARM, Handoff, PythonCommand, Spawn, parse_python_command
-from elasticft.start_config import StartConfig
 
 log = logging.getLogger(__name__)
 

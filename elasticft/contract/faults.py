@@ -42,7 +42,7 @@ import enum
 import re
 from dataclasses import dataclass
 
-from elasticft.knobs import ConfigError, flag_name
+from elasticft.config.knobs import ConfigError, flag_name
 
 
 class FaultKind(enum.StrEnum):

@@ -12,10 +12,10 @@ import logging
 from pathlib import Path
 from typing import Callable
 
+from elasticft.config import flag_name
 from elasticft.contract.events import EventKind
 from elasticft.contract.memory import PAUSE_MARKER
 from elasticft.contract.run_dir import write_atomically
-from elasticft.knobs import flag_name
 
 log = logging.getLogger(__name__)
 

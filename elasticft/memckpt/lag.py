@@ -24,8 +24,8 @@ import logging
 from pathlib import Path
 from typing import Callable
 
+from elasticft.config import flag_name
 from elasticft.contract.events import EventKind
-from elasticft.knobs import flag_name
 
 log = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from elasticft.config import NumericsConfig, from_env
 from elasticft.contract.events import EventKind
 from elasticft.contract.numerics import (
     NUMERICS_FILE,
@@ -38,8 +39,6 @@ from elasticft.contract.numerics import (
     wire_float,
 )
 from elasticft.contract.run_dir import OutboxKind, WorkerEnv, write_atomically
-from elasticft.knobs import from_env
-from elasticft.config import NumericsConfig
 from elasticft.worker.loss_rules import finite, from_bits, judge, rerun_cause, spike_level, to_bits
 from elasticft.worker.relay import Outbox
 

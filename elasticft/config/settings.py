@@ -1,8 +1,8 @@
 """``Settings``: every concern's configuration, listed once.
 
 The launcher adds one flag group per field and builds ``Settings`` from the parsed
-flags; the agent takes it whole. A new concern is a dataclass in ``elasticft.config``
-and one field here.
+flags; the agent takes it whole. A new concern is a module of ``elasticft.config``
+(its names in ``_EXPORTS``) and one field here.
 """
 
 from __future__ import annotations
@@ -10,26 +10,23 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from elasticft.config import (
-    CheckpointConfig,
-    FTConfig,
-    HangConfig,
-    HealthConfig,
-    HousekeepingConfig,
-    MegatronLMConfig,
-    MemoryConfig,
-    NotifyConfig,
-    NumericsConfig,
-    PlannerConfig,
-    RestartConfig,
-    RiskConfig,
-    StragglerConfig,
-    WatchdogConfig,
-)
-from elasticft.knobs import add_arguments, from_args
-from elasticft.replication_config import ReplicationConfig
-from elasticft.slurm_config import SlurmConfig
-from elasticft.start_config import StartConfig
+from elasticft.config.checkpoints import CheckpointConfig
+from elasticft.config.ft import FTConfig
+from elasticft.config.hangs import HangConfig
+from elasticft.config.health import HealthConfig, RiskConfig
+from elasticft.config.housekeeping import HousekeepingConfig
+from elasticft.config.knobs import add_arguments, from_args
+from elasticft.config.megatron_lm import MegatronLMConfig
+from elasticft.config.memory import MemoryConfig
+from elasticft.config.notify import NotifyConfig
+from elasticft.config.numerics import NumericsConfig
+from elasticft.config.planner import PlannerConfig
+from elasticft.config.replication import ReplicationConfig
+from elasticft.config.restarts import RestartConfig
+from elasticft.config.slurm import SlurmConfig
+from elasticft.config.start import StartConfig
+from elasticft.config.stragglers import StragglerConfig
+from elasticft.config.watchdogs import WatchdogConfig
 
 
 def _concern(cls: type, title: str) -> object:

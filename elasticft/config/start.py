@@ -1,13 +1,10 @@
-"""Knobs of how workers start and nodes join: warm interpreters, the moment a node joins.
-
-Apart from config.py only for its size.
-"""
+"""Knobs of how workers start and nodes join: warm interpreters, the moment a node joins."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elasticft.knobs import ConfigError, flag_name, knob
+from elasticft.config.knobs import ConfigError, flag_name, knob
 
 JOIN_AT = ("now", "save")
 

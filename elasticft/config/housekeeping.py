@@ -1,14 +1,11 @@
-"""etcd housekeeping's knobs (re-exported by ``elasticft.config``): compaction and the events bound.
-
-Apart from config.py only for its size.
-"""
+"""etcd housekeeping's knobs (re-exported by ``elasticft.config``): compaction and the events bound."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-from elasticft.knobs import ConfigError, flag_name, knob
+from elasticft.config.knobs import ConfigError, flag_name, knob
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from elasticft.knobs import ConfigError, env_name, flag_name, knob
+from elasticft.config.knobs import ConfigError, env_name, flag_name, knob
 
 SUSPECT_ACTIONS = ("report", "exclude")
 

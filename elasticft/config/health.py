@@ -1,14 +1,11 @@
-"""The GPU health sampler's and risk model's knobs (re-exported by ``elasticft.config``).
-
-Apart from config.py only for its size: the risk model has a knob per factor.
-"""
+"""The GPU health sampler's and risk model's knobs (re-exported by ``elasticft.config``)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-from elasticft.knobs import ConfigError, flag_name, knob
+from elasticft.config.knobs import ConfigError, flag_name, knob
 
 
 @dataclass

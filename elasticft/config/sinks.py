@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from elasticft.knobs import ConfigError, flag_name
+from elasticft.config.knobs import ConfigError, flag_name
 
 SINK_KINDS = ("webhook", "command", "file")
 

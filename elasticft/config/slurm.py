@@ -1,13 +1,10 @@
-"""Knobs of eft-run under SLURM beyond ``--eft-slurm`` (which ``elasticft.config.FTConfig`` holds).
-
-Apart from config.py only for its size.
-"""
+"""Knobs of eft-run under SLURM beyond ``--eft-slurm`` (which ``elasticft.config.FTConfig`` holds)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elasticft.knobs import ConfigError, flag_name, knob
+from elasticft.config.knobs import ConfigError, flag_name, knob
 
 
 @dataclass

@@ -1,13 +1,10 @@
-"""Knobs of the memory tier's replication: how far it may lag before the snapshots back off.
-
-Apart from config.py (``MemoryConfig``) only for its size.
-"""
+"""Knobs of the memory tier's replication: how far it may lag before the snapshots back off."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elasticft.knobs import ConfigError, flag_name, knob
+from elasticft.config.knobs import ConfigError, flag_name, knob
 
 
 @dataclass
