@@ -88,26 +88,21 @@ class WarmPool:
         command = parse_python_command(str(entrypoint), tuple(args)) if isinstance(entrypoint, str) else \
             "the entrypoint is a Python function"
         if isinstance(command, str):
-            if self._command is not None or self._spawned == 0:
-                log.info("warm workers off for this command: %s", command)
+            log.info("warm workers off for this command: %s", command)
             self.close()
-            self._command, self._spawned = None, max(self._spawned, 1)
+            self._command = None
             return
-        if self._command is not None and self._key(command) != self._key(self._command):
-            self.close()  # ready for another script: useless now
         self._command, self._size = command, size
         self._fill()
-
-    @staticmethod
-    def _key(command: PythonCommand) -> tuple:
-        return command.python, command.options, command.module, command.script
 
     def _fill(self) -> None:
         if self._command is None or threading.current_thread() is not threading.main_thread():
             return
         for warm in [w for w in self._idle if w.proc.poll() is not None]:
             self._idle.remove(warm)
-            self._died_idle(warm)
+            log.warning("%s%s; %s", self._retire(warm), warm.last_line(), "replacing it"
+                        if self._early_deaths < EARLY_DEATHS_TO_GIVE_UP
+                        else f"warm workers off: {self._early_deaths} died in a row")
         if self._early_deaths >= EARLY_DEATHS_TO_GIVE_UP:
             return
         while len(self._idle) < self._size:
@@ -128,12 +123,12 @@ class WarmPool:
         theirs.close()
         return WarmInterpreter(proc, ours, command, capture)
 
-    def _died_idle(self, warm: WarmInterpreter) -> None:
+    def _retire(self, warm: WarmInterpreter) -> str:
+        """Forget an interpreter that died while idle (counted: too many in a row turn warm
+        workers off); what happened to it."""
         self._early_deaths += 1
-        log.warning("warm interpreter pid %d died while idle (exit %s)%s; %s", warm.proc.pid, warm.proc.returncode,
-                    warm.last_line(), "replacing it" if self._early_deaths < EARLY_DEATHS_TO_GIVE_UP
-                    else f"warm workers off: {self._early_deaths} died in a row")
         warm.control.close()
+        return f"the warm interpreter pid {warm.proc.pid} died while idle (exit {warm.proc.returncode})"
 
     # -- a start of the workers -----------------------------------------------------
 
@@ -161,9 +156,7 @@ class WarmPool:
         while self._idle:
             warm = self._idle.pop(0)
             if warm.proc.poll() is not None:
-                self._early_deaths += 1
-                why = f"the warm interpreter pid {warm.proc.pid} died while idle (exit {warm.proc.returncode})"
-                warm.control.close()
+                why = self._retire(warm)
                 continue
             _normal_priority(warm.proc.pid)  # a worker waits on it now, even if it is still importing
             handoff = Handoff(program, [str(a) for a in args], dict(env), os.getcwd(), sorted(per_rank), time.time())

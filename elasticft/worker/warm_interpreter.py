@@ -44,13 +44,12 @@ def _die_with_agent(agent_pid: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _idle_priority(idle: bool) -> None:
+def _import_when_idle() -> None:
     """Import on CPU time nothing else wants (``SCHED_IDLE``), so that a refill never slows the
-    workers that just started; back to the normal policy to become a worker (allowed unprivileged;
-    the agent already did it for every thread, before the handoff: ``WarmPool.start``)."""
+    workers that just started; the agent puts every thread back to the normal policy before the
+    handoff (``WarmPool.start``: allowed unprivileged)."""
     try:
-        policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
-        os.sched_setscheduler(0, policy, os.sched_param(0))
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
         pass
 
@@ -261,7 +260,7 @@ def main(argv: list[str]) -> None:
     if spawn.die_with_agent:
         _die_with_agent(spawn.agent_pid)
     started_env = dict(os.environ)
-    _idle_priority(True)
+    _import_when_idle()
     first = spawn.command.sys_path0(os.getcwd())
     if first is not None and sys.path:
         sys.path[0] = first
@@ -270,7 +269,6 @@ def main(argv: list[str]) -> None:
     message, fds, _flags, _addr = socket.recv_fds(control, MAX_HANDOFF, 2)
     if not message or len(fds) != 2:  # the agent closed the pool: nothing to become
         os._exit(0)
-    _idle_priority(False)
     handoff = Handoff.decode(message)
     why = doubt(spawn, handoff, started_env, import_error, files)
     os.chdir(handoff.cwd)
