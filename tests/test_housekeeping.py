@@ -15,7 +15,7 @@ from elasticft.agent.context import AgentContext, EtcdTarget
 from elasticft.agent.housekeeping import EtcdHousekeeper
 from elasticft.config import ConfigError, HousekeepingConfig
 from elasticft.contract.keys import RunKeys
-from elasticft.rendezvous.keyset import KeySet
+from elasticft.store.keyset import KeySet
 from elasticft.store import EmbeddedEtcd, StoreError, StoreOptions, connect
 
 

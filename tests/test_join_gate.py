@@ -1,5 +1,6 @@
 """--eft-join-at on a real etcd: the members' gate (agent/join_gate.py) and the held node's wait (rendezvous/held.py)."""
 
+import dataclasses
 import json
 import logging
 import time
@@ -13,11 +14,12 @@ from bench.launch import wait_for
 from tests.rdzv_subjects import join_all
 from elasticft.agent.join_gate import JoinGate, newest_checkpoint
 from elasticft.contract.events import EventKind
-from elasticft.contract.memory import MemPart, part_key
+from elasticft.contract.memory import MemPart
+from elasticft.memckpt.index import MemIndex
 from elasticft.contract.records import JoinHold
 from elasticft.rendezvous.backend import create_handler, hold_joins
 from elasticft.rendezvous.held import HeldWait
-from elasticft.rendezvous.keyset import KeySet
+from elasticft.store.keyset import KeySet
 
 DISK = ["disk every 10 iterations"]
 
@@ -63,10 +65,11 @@ def test_rank0_holds_until_a_memory_iteration_is_complete_and_every_member_follo
     assert held(etcd, run_keys) == JoinHold(by="n0", waiting="newcomer_1_0", after=10, wait=30.0)
     wait_for(lambda: run_keys.rdzv_held(1) in control, 10, "the hold in the control watch")
     assert not member.admit(Formed(rank=1), control) and not decider.admit(Formed(rank=0), control)
-    etcd.put(part_key(run_keys.mem_parts, "n0", 8), part("n0", 8).to_json())  # older than the disk save: no
-    etcd.put(part_key(run_keys.mem_parts, "n0", 12), json.dumps({**json.loads(part("n0", 12).to_json()), "needs": None}))
+    index = MemIndex(etcd, run_keys)
+    index.write("n0", [part("n0", 8)])  # older than the disk save: no
+    index.write("n0", [part("n0", 8), dataclasses.replace(part("n0", 12), needs=None)])
     assert not decider.admit(Formed(rank=0), control)  # a part without the list of files: not complete
-    etcd.put(part_key(run_keys.mem_parts, "n0", 12), part("n0", 12).to_json())
+    index.write("n0", [part("n0", 8), part("n0", 12)])
     wait_for(lambda: decider.admit(Formed(rank=0), control), 10, "the decider to let it in")
     assert held(etcd, run_keys).let_in == "checkpoint" and held(etcd, run_keys).iteration == 12
     wait_for(lambda: member.admit(Formed(rank=1), control), 10, "the member to follow")

@@ -15,7 +15,7 @@ import pytest
 
 from bench.launch import wait_for
 from elasticft.contract.events import EventKind
-from elasticft.contract.memory import LAG_MARKER, PAUSE_MARKER, RESTORE_FILE, RestorePlan
+from elasticft.contract.memory import LAG_MARKER, PAUSE_MARKER, RESTORE_FILE, RestorePlan, Restorable
 from elasticft.memckpt.index import MemIndex
 from tests.memckpt_parts import make_node, shard_name
 
@@ -231,3 +231,38 @@ def test_when_replication_catches_up_the_lag_ends_and_the_old_iteration_goes(clu
     assert parts[("n1", ITER + 3)] == ["n1", "n0"] and min(k for _, k in parts) >= ITER + 2
     assert min(n0.tier.node_dir.own_parts()) >= ITER + 2  # the two newest restorable, and newer
     assert min(n0.tier.node_dir.held_parts()["n1"]) >= ITER + 2
+
+
+def test_a_snapshot_costs_etcd_one_write_per_node_and_one_for_the_job(cluster, etcd, run_keys, tmp_path):
+    nodes = cluster(4)
+    for iteration in (1, 2):  # two restorable iterations seen: pruning (and its writes) in steady state
+        save_all(nodes, iteration, tmp_path)
+    _, revision = etcd.get_range(run_keys.root, run_keys.root + "\xff")
+    events = []
+    cancel = etcd.watch_range(run_keys.root, run_keys.root + "\xff", events.extend, start_revision=revision + 1)
+    try:
+        for iteration in (3, 4, 5):
+            save_all(nodes, iteration, tmp_path)
+        spare = nodes[3].mem_dir / "iter_0000006"  # a node whose workers wrote nothing (data parallel)
+        spare.mkdir()
+        nodes[3].tier.on_saved(6, str(spare))
+        flush(nodes)
+        wait_for(lambda: restorable(etcd, run_keys)[:1] == [5], 30, "iteration 5 to be restorable")
+        _, now = etcd.get_range(run_keys.root, run_keys.root + "\xff")
+        wait_for(lambda: events and events[-1].revision >= now, 10, "the watch to catch up")
+    finally:
+        cancel()
+    writes: dict[str, int] = {}
+    for event in events:
+        writes[event.key] = writes.get(event.key, 0) + 1
+    index = MemIndex(etcd, run_keys)
+    assert writes == {**{index.key(n.node_id): 3 for n in nodes}, run_keys.mem_restorable: 3}, writes
+    # What each node keeps stays bounded: the two newest restorable iterations. Its record drops the
+    # one it pruned last at its next write (that would be iteration 6's).
+    wait_for(lambda: all(sorted(n.tier.node_dir.own_parts())[:2] == [4, 5] for n in nodes), 10, "the nodes to prune")
+    assert sorted({p.iteration for p in index.parts()}) == [3, 4, 5]
+
+
+def restorable(etcd, run_keys) -> list[int]:
+    found = etcd.get(run_keys.mem_restorable)
+    return Restorable.from_json(found.value).iterations if found else []

@@ -371,22 +371,25 @@ def test_live_json_follows_the_run_and_stops_on_sigterm(etcd_server, run):
 
 
 def test_the_newest_memory_checkpoint_the_live_nodes_can_restore_is_shown(etcd_server, etcd, run):
-    from elasticft.contract.memory import MemPart, part_key
+    from elasticft.contract.memory import MemPart
+    from elasticft.memckpt.index import MemIndex
 
     two_nodes(run)  # node-a and node-b
+    index = MemIndex(etcd, run.keys)
+    kept: dict[str, list[MemPart]] = {"node-a": [], "node-b": []}
     for iteration in (6, 7):
         for node, other in (("node-a", "node-b"), ("node-b", "node-a")):
             part = MemPart(node, iteration, "h:1" if node == "node-a" else "h:2", {f"__{node[-1]}_0.distcp": [2_000_000, 1]},
                            holders=[node, other], addresses={node: "h:1", other: "h:2"}, replicas=1,
                            needs=["__a_0.distcp", "__b_0.distcp"] if node == "node-a" else None, time=time.time())
-            etcd.put(part_key(run.keys.mem_parts, node, iteration), part.to_json())
+            kept[node].append(part)
+            index.write(node, kept[node])
     lines = eft(etcd_server, run, "status").output.splitlines()
     assert "  memory    iteration 7, 0s ago, 4.0 MB; node-a → node-b, node-b → node-a" in lines
     assert "  mem lag   none: iteration 7 has every replica in place" in lines
     # node-b is lost and iteration 7's replica of node-b's part was never confirmed: 6 is what can be restored.
-    etcd.put(part_key(run.keys.mem_parts, "node-b", 7),
-             MemPart("node-b", 7, "h:2", {"__b_0.distcp": [2_000_000, 1]}, holders=["node-b"],
-                     addresses={"node-b": "h:2"}, replicas=1).to_json())
+    index.write("node-b", [kept["node-b"][0], MemPart("node-b", 7, "h:2", {"__b_0.distcp": [2_000_000, 1]},
+                                                      holders=["node-b"], addresses={"node-b": "h:2"}, replicas=1)])
     lag = CliRunner().invoke(app, ["ckpt", "status", "--endpoint", etcd_server.endpoint, "--run-id", run.keys.run_id])
     assert "mem lag: 1 snapshot(s): newest written 7, newest with every replica in place 6" in lag.output, lag.output
     run.lose("node-b")

@@ -33,11 +33,11 @@ from elasticft.agent.context import AgentContext
 from elasticft.config import Settings
 from elasticft.contract.argv import flag_value
 from elasticft.contract.events import EventKind
-from elasticft.contract.memory import MemPart, part_of_key
+from elasticft.contract.memory import MemPart
 from elasticft.contract.records import JoinHold, LetIn
-from elasticft.memckpt.index import complete_iterations
+from elasticft.memckpt.index import complete_iterations, parts_of
 from elasticft.rendezvous.held import Formed
-from elasticft.rendezvous.keyset import KeySet
+from elasticft.store.keyset import KeySet
 from elasticft.store import StoreError
 
 log = logging.getLogger(__name__)
@@ -91,12 +91,7 @@ class CheckpointWatch:
         """The newest complete checkpoint (worked out again only after a change)."""
         if self._seen != self._changes:
             self._seen = self._changes
-            parts = []
-            for key, value in (self._parts.snapshot().items() if self._parts is not None else ()):
-                try:
-                    parts += [MemPart.from_json(value)] if part_of_key(key) else []
-                except (ValueError, TypeError) as exc:
-                    log.debug("ignoring a malformed %s: %s", key, exc)
+            parts = parts_of(self._ctx.keys.mem_parts, self._parts.snapshot().items() if self._parts else ())
             alive = set(self._ctx.membership.members()) | {self._ctx.node_id}
             self._newest = newest_checkpoint(self._latest.get(self._ctx.keys.ckpt_latest), parts, alive)
         return self._newest

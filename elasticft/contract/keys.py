@@ -70,8 +70,13 @@ class RunKeys:
 
     @property
     def mem_parts(self) -> str:
-        """Prefix of the memory checkpoint index: ``<node>/<iteration>`` -> ``contract.memory.MemPart``."""
+        """Prefix of the memory checkpoint index: ``<node>`` -> ``contract.memory.NodeParts`` (one key a node)."""
         return self.root + "mem/parts/"
+
+    @property
+    def mem_restorable(self) -> str:
+        """``contract.memory.Restorable``: the restorable memory iterations, computed by one agent for all."""
+        return self.root + "mem/restorable"
 
     def mem_server(self, node_id: str) -> str:
         """``host:port`` of a node agent's shard server (memory checkpoint replicas and restores)."""

@@ -17,7 +17,10 @@ directory, and the workers load it with ``dist_checkpointing.load`` at the new l
 start of the workers) writes into a fresh ``g<n>``: a snapshot never lands on files of an
 abandoned timeline.
 
-etcd holds only the index: ``mem/parts/<node>/<iteration>`` (``MemPart``).
+etcd holds only the index: one key per node, ``mem/parts/<node>`` (``NodeParts``: the node's
+own parts it keeps, each a ``MemPart`` naming the nodes that hold a verified copy), written once
+per snapshot, and ``mem/restorable`` (``Restorable``): the iterations that survive a node's loss,
+computed by one agent for all, so that no agent has to read every node's key.
 """
 
 from __future__ import annotations
@@ -53,17 +56,17 @@ def generation_dir(generation: int) -> str:
     return f"g{generation}"
 
 
-def part_key(prefix: str, node_id: str, iteration: int) -> str:
-    """``prefix`` is ``RunKeys.mem_parts``; zero-padded so keys sort by iteration."""
-    return f"{prefix}{node_id}/{iteration:010d}"
+def node_parts_key(prefix: str, node_id: str) -> str:
+    """``prefix`` is ``RunKeys.mem_parts``: one key per node, whatever number of parts it keeps."""
+    return f"{prefix}{node_id}"
 
 
-def part_of_key(key: str) -> tuple[str, int] | None:
-    """(node, iteration) of a part key's last two components, or None."""
-    pieces = key.rstrip("/").split("/")
-    if len(pieces) < 2 or not pieces[-1].isdigit():
+def node_of_key(prefix: str, key: str) -> str | None:
+    """The node of a ``node_parts_key``, or None for a key that is not one (a deeper path)."""
+    if not key.startswith(prefix):
         return None
-    return pieces[-2], int(pieces[-1])
+    node = key[len(prefix):]
+    return node if node and "/" not in node else None
 
 
 @dataclass
@@ -101,6 +104,51 @@ class MemPart:
     @property
     def size(self) -> int:
         return sum(size for size, _ in self.files.values())
+
+
+@dataclass
+class NodeParts:
+    """The value of ``mem/parts/<node>``: the parts of ``node`` that it keeps, oldest first.
+
+    Written by the node's agent alone, once per snapshot (after the part's replicas were pushed, so
+    its holders are known) and never for a snapshot in which this node wrote nothing. Not under a
+    lease: when the node is lost its parts live on in the nodes that hold replicas, and this record
+    is what says where.
+    """
+
+    node: str
+    parts: list[MemPart] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps({"node": self.node, "parts": [asdict(p) for p in self.parts]}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> NodeParts:
+        data = json.loads(raw)
+        known = MemPart.__dataclass_fields__
+        return cls(node=data["node"],
+                   parts=[MemPart(**{k: v for k, v in p.items() if k in known}) for p in data.get("parts", [])])
+
+
+@dataclass
+class Restorable:
+    """The value of ``mem/restorable``: the newest iterations complete with every replica in place
+    (``memckpt.index.restorable_iterations``), newest first, as ``by`` saw them with ``alive``
+    nodes; every agent prunes and measures its lag from it."""
+
+    iterations: list[int]
+    by: str
+    alive: int = 0
+    time: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Restorable:
+        data = json.loads(raw)
+        return cls(iterations=[int(k) for k in data.get("iterations", [])], by=str(data.get("by", "")),
+                   alive=int(data.get("alive", 0)), time=float(data.get("time", 0.0)))
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """The memory checkpoint index in etcd, and which iterations the survivors can complete.
 
-etcd holds one small record per part (``mem/parts/<node>/<iteration>``, a ``MemPart``):
-which files, their sizes and crc32s, and which nodes hold a verified copy. The bytes stay
-on the nodes. ``complete_iterations`` is pure: given the index and who is alive, it says
+etcd holds one small record per node (``mem/parts/<node>``, a ``NodeParts``), listing the
+parts it keeps: which files, their sizes and crc32s, and which nodes hold a verified copy.
+The bytes stay on the nodes. ``complete_iterations`` is pure: given the index and who is alive, it says
 which iterations can be assembled in full and where each file can be read from;
 ``restorable_iterations`` says which of them also have every replica in place, so that they
 stay complete when a node is lost: what each node keeps until a newer one is restorable.
@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import logging
+
 from elasticft.contract.keys import RunKeys
-from elasticft.contract.memory import MemPart, part_key, part_of_key
+from elasticft.contract.memory import MemPart, NodeParts, Restorable, node_of_key, node_parts_key
 from elasticft.store import EtcdClient
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -118,57 +122,62 @@ def memory_summary(parts: list[MemPart], alive: set[str]) -> dict | None:
 
 
 class MemIndex:
-    """The run's ``mem/parts/`` keys, read and written through the EtcdClient only."""
+    """The run's ``mem/parts/`` keys (one a node) and ``mem/restorable``, through the EtcdClient only."""
 
     def __init__(self, client: EtcdClient, keys: RunKeys):
         self.client = client
         self.prefix = keys.mem_parts
+        self.restorable_key = keys.mem_restorable
 
-    def key(self, node: str, iteration: int) -> str:
-        return part_key(self.prefix, node, iteration)
+    def key(self, node: str) -> str:
+        return node_parts_key(self.prefix, node)
 
-    def publish(self, part: MemPart) -> None:
-        self.client.put(self.key(part.node, part.iteration), part.to_json())
-
-    def _change(self, node: str, iteration: int, change) -> bool:
-        """Compare-and-swap ``change(part)`` into the part's key; False if the part is gone (dropped meanwhile:
-        ``client.update`` would write it back)."""
-        key = self.key(node, iteration)
-        current = self.client.get(key)
-        while current is not None:
-            part = MemPart.from_json(current.value)
-            change(part)
-            swapped, current = self.client.compare_and_swap(key, current.mod_revision, part.to_json())
-            if swapped:
-                return True
-        return False
-
-    def add_holder(self, node: str, iteration: int, holder: str, address: str) -> bool:
-        def add(part: MemPart) -> None:
-            if holder not in part.holders:
-                part.holders.append(holder)
-            part.addresses[holder] = address
-
-        return self._change(node, iteration, add)
+    def write(self, node: str, parts: list[MemPart]) -> None:
+        """This node's record: the one write a snapshot costs (the key goes when it keeps nothing)."""
+        if parts:
+            self.client.put(self.key(node), NodeParts(node, sorted(parts, key=lambda p: p.iteration)).to_json())
+        else:
+            self.client.delete(self.key(node))
 
     def parts(self) -> list[MemPart]:
         items, _ = self.client.get_prefix(self.prefix)
-        return [MemPart.from_json(kv.value) for kv in items if part_of_key(kv.key) is not None]
+        return parts_of(self.prefix, ((kv.key, kv.value) for kv in items))
 
-    def _delete_where(self, prefix: str, drop) -> list[int]:
-        items, _ = self.client.get_prefix(prefix)
-        dropped = []
-        for kv in items:
-            found = part_of_key(kv.key)
-            if found is not None and drop(found[1]):
-                self.client.delete(kv.key)
-                dropped.append(found[1])
-        return dropped
-
-    def drop_above(self, iteration: int | None) -> list[int]:
-        """Every node's parts newer than ``iteration`` (None: all): the workers resumed before them."""
+    def drop_above(self, iteration: int | None, nodes: set[str] | None = None) -> list[str]:
+        """Parts newer than ``iteration`` (None: all) out of the records of ``nodes`` (None: every node):
+        the workers resumed before them. Each record is changed by compare-and-swap (its node may be
+        writing it); returns the nodes whose record changed."""
         floor = -1 if iteration is None else iteration
-        return self._delete_where(self.prefix, lambda k: k > floor)
+        items, _ = self.client.get_prefix(self.prefix)
+        changed = []
+        for kv in items:
+            node = node_of_key(self.prefix, kv.key)
+            if node is None or (nodes is not None and node not in nodes):
+                continue
+            current = kv
+            while current is not None:
+                record = NodeParts.from_json(current.value)
+                kept = [p for p in record.parts if p.iteration <= floor]
+                if len(kept) == len(record.parts):
+                    break
+                swapped, current = self.client.compare_and_swap(current.key, current.mod_revision,
+                                                                NodeParts(node, kept).to_json())
+                if swapped:
+                    changed.append(node)
+                    break
+        return changed
 
-    def drop_node_below(self, node: str, iteration: int) -> list[int]:
-        return self._delete_where(f"{self.prefix}{node}/", lambda k: k < iteration)
+    def publish_restorable(self, restorable: Restorable) -> None:
+        self.client.put(self.restorable_key, restorable.to_json())
+
+
+def parts_of(prefix: str, items) -> list[MemPart]:
+    """Every part of the records among ``(key, value)`` pairs (a range read, or a watched copy of one)."""
+    out = []
+    for key, value in items:
+        if node_of_key(prefix, key) is not None:
+            try:
+                out.extend(NodeParts.from_json(value).parts)
+            except (ValueError, KeyError, TypeError) as exc:  # a foreign or torn value: that node has nothing
+                log.warning("memory index: unreadable %s: %s", key, exc)
+    return out

@@ -7,9 +7,13 @@ iteration, the run directory's ``LAG_MARKER`` exists and the workers take no new
 (their vote pauses every rank alike): so when replication is slower than the snapshots, the
 snapshot rate backs off to what replication carries, and no save is ever dropped. Pruning
 keeps everything from the older of the two newest restorable iterations this node has seen
-(``lag.LagGate``): a node never drops the last good copy. A part is published with the origin
-as its only holder *before* any push, and each holder is added only after it accepted every
-file, so the index never claims more copies than exist.
+(``lag.LagGate``): a node never drops the last good copy.
+
+etcd sees one write per snapshot of this node: its record (``mem/parts/<node>``, every part it
+keeps), written once the new part's pushes are done, naming as holders the origin and each node
+that accepted every file, so the index never claims more copies than exist. Older parts pruned
+meanwhile leave the record at that write too. Which iterations are restorable comes from one
+watched key (``restorable.RestorableView``), not from reading every node's record.
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ from typing import Callable
 
 from elasticft.contract.memory import DCP_METADATA, GLOBAL_FILES, MemPart
 from elasticft.memckpt.budget import PauseGate
-from elasticft.memckpt.index import MemIndex, restorable_iterations
+from elasticft.memckpt.index import MemIndex
 from elasticft.memckpt.lag import LagGate
 from elasticft.memckpt.node_dir import NodeDir, list_part
 from elasticft.memckpt.placement import replica_holders
+from elasticft.memckpt.restorable import RestorableView
 from elasticft.memckpt.transfer import TransferError, push
 from elasticft.store import StoreError
 
@@ -65,10 +70,10 @@ class _Received:
 
 
 class _Recheck:
-    """No job came while the workers are held: read the index again, retry the replicas that failed."""
+    """The restorable iterations changed, or the workers are held: look again, retry the replicas that failed."""
 
 
-RECHECK = 0.5  # seconds between reads of the index while the workers hold their snapshots (lag, budget)
+RECHECK = 0.5  # seconds between retries of refused replicas while the workers hold their snapshots
 
 
 class Replicator:
@@ -89,9 +94,10 @@ class Replicator:
         self.timeout = timeout
         self.published: list[int] = []  # this node's iterations in the index, oldest first
         self.lag = lag or LagGate(None, 1 << 30, lambda *a, **k: None)
+        self._kept: dict[int, MemPart] = {}  # this node's record: the parts it keeps, by iteration
         self._short: dict[int, tuple[MemPart, Path, list[str]]] = {}  # own parts some holder refused
-        self._kept_from: int | None = None
-        self._refreshed = float("-inf")  # time.monotonic() of the last read of the index
+        self.view = RestorableView(index, node_id, members, self._poke)
+        self._dirty = False  # the restorable iterations (or, where this agent computes them, a record) changed
         self.newest_size = 0
         self._jobs: deque = deque()
         self._cond = threading.Condition()
@@ -131,14 +137,25 @@ class Replicator:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        self.view.close()
         self.lag.close()
 
     def forget_above(self, floor: int) -> None:
-        """The workers resumed at ``floor``: this node's parts above it are gone (under the tier's lock)."""
+        """The workers resumed at ``floor``: this node's parts above it are gone (under the tier's lock);
+        its record says so at once (one write per restart, and only when it held such parts)."""
         self.published = [k for k in self.published if k <= floor]
         self._short = {k: v for k, v in self._short.items() if k <= floor}
+        if any(k > floor for k in self._kept):
+            self._kept = {k: p for k, p in self._kept.items() if k <= floor}
+            self._write_record()
         with self._cond:
             self.lag.forget_above(floor, self.published)
+
+    def _poke(self) -> None:
+        """From a watch thread: the restorable iterations may have changed; the thread looks once, however many came."""
+        with self._cond:
+            self._dirty = True
+            self._cond.notify_all()
 
     def _mark_lag(self) -> None:
         """The marker's first reason: a save of this node queued behind one in progress (under _cond)."""
@@ -157,12 +174,14 @@ class Replicator:
             self._busy = self._replicating = False
             self._mark_lag()
             self._cond.notify_all()
-            # While the workers are held (the lag, the budget), no save comes to look at the index again.
+            # While the workers are held (the lag, the budget), retry refused replicas now and then.
             held = self.lag.lagging or self.gate.paused
-            self._cond.wait_for(lambda: self._jobs or self._stop, RECHECK if held else None)
+            self._cond.wait_for(lambda: self._jobs or self._dirty or self._stop, RECHECK if held else None)
             if self._stop:
                 return None
             job = self._jobs.popleft() if self._jobs else _Recheck()
+            if not isinstance(job, _Received):
+                self._dirty = False  # this job looks at the restorable iterations again
             self._busy = True
             self._replicating = isinstance(job, _Saved)
             return job
@@ -177,8 +196,7 @@ class Replicator:
                     self._replicate(job)
                 elif isinstance(job, _Recheck):
                     self._retry_short()
-                # A replica file that came in: only now and then (a spare node, which saves nothing, still prunes).
-                if not isinstance(job, _Received) or time.monotonic() - self._refreshed >= RECHECK:
+                if not isinstance(job, _Received):  # a replica that came in changes nothing here
                     self._refresh()
                 self._prune_and_check()
             except (OSError, StoreError) as exc:
@@ -195,33 +213,40 @@ class Replicator:
         part = MemPart(node=self.node_id, iteration=job.iteration, address=self.address, files=files,
                        holders=[self.node_id], addresses={self.node_id: self.address}, replicas=len(holders),
                        needs=needs, path=os.path.relpath(job.path, self.node_dir.root), time=time.time())
-        self.index.publish(part)
-        with self.lock:  # on_restored trims the list from the agent's thread
-            self.published = [k for k in self.published if k != job.iteration] + [job.iteration]
-        self.newest_size = part.size
         missing = [holder for holder in holders if not self._push_to(holder, part, job.path)]
-        if missing:
-            with self.lock:
+        with self.lock:  # on_restored trims the record from the agent's thread
+            self._kept[job.iteration] = part
+            self._write_record()
+            self.published = [k for k in self.published if k != job.iteration] + [job.iteration]
+            if missing:
                 self._short[job.iteration] = (part, job.path, missing)
+        self.newest_size = part.size
+
+    def _write_record(self) -> None:
+        """This node's record as it stands: the one etcd write of a snapshot (under the tier's lock)."""
+        keep_from = self.lag.keep_from()
+        if keep_from is not None:  # pruned since the last write: their files are gone, so are they here
+            self._kept = {k: p for k, p in self._kept.items() if k >= keep_from}
+        self.index.write(self.node_id, list(self._kept.values()))
 
     def _retry_short(self) -> None:
         """While the workers wait for replication: push again what a holder refused (it may work now)."""
         with self.lock:
             short = sorted(self._short.items())
         for iteration, (part, path, missing) in short:
-            missing = [holder for holder in missing if not self._push_to(holder, part, path)]
+            still = [holder for holder in missing if not self._push_to(holder, part, path)]
             with self.lock:
                 if iteration in self._short:
-                    if missing:
-                        self._short[iteration] = (part, path, missing)
+                    if still:
+                        self._short[iteration] = (part, path, still)
                     else:
                         del self._short[iteration]
+                if len(still) < len(missing) and iteration in self._kept:
+                    self._write_record()  # the new holders
 
     def _refresh(self) -> None:
-        """Read the index: the restorable iterations seen, and so what to keep and how far this node lags."""
-        alive = set(self.members()) | {self.node_id}
-        self._refreshed = time.monotonic()
-        restorable = restorable_iterations(self.index.parts(), alive)
+        """The restorable iterations (one watched key): what to keep, and how far this node lags."""
+        restorable = self.view.refresh()
         with self.lock, self._cond:
             self.lag.seen(restorable)
             self.lag.update(self.published)
@@ -250,7 +275,9 @@ class Replicator:
                             part.iteration, holder, exc)
             return False
         self._failing.discard(holder)
-        self.index.add_holder(self.node_id, part.iteration, holder, address)  # False: the part was dropped meanwhile
+        if holder not in part.holders:
+            part.holders.append(holder)
+        part.addresses[holder] = address
         return True
 
     def _prune_and_check(self) -> None:
@@ -258,13 +285,13 @@ class Replicator:
         with self.lock:
             keep_from = self.lag.keep_from()
             if keep_from is not None:
+                # The record still lists the pruned parts until this node's next write: one write per
+                # snapshot. They are older than two restorable iterations, so no restore picks them
+                # unless both of those were lost, and then a missing file only makes that try fail.
                 self.published = [k for k in self.published if k >= keep_from]
                 self._short = {k: v for k, v in self._short.items() if k >= keep_from}
                 self.node_dir.prune_own(keep_from)
                 self.node_dir.prune_held(keep_from)
-                if keep_from != self._kept_from:
-                    self.index.drop_node_below(self.node_id, keep_from)
-                    self._kept_from = keep_from
             self.check_budget()
 
     def check_budget(self) -> bool:

@@ -18,7 +18,7 @@ import time
 from typing import Protocol
 
 from elasticft.contract.records import JoinHold
-from elasticft.rendezvous.keyset import KeySet
+from elasticft.store.keyset import KeySet
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from elasticft.contract.keys import RunKeys
-from elasticft.rendezvous.keyset import KeySet
+from elasticft.store.keyset import KeySet
 from elasticft.store import EtcdClient
 
 

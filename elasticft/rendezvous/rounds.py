@@ -44,7 +44,7 @@ from torch.distributed.elastic.rendezvous import (
 
 from elasticft.contract.keys import RunKeys
 from elasticft.rendezvous.held import Admission, HeldWait
-from elasticft.rendezvous.keyset import KeySet
+from elasticft.store.keyset import KeySet
 from elasticft.rendezvous.member_losses import AgentLosses, MemberLosses, ParticipantWatch
 from elasticft.rendezvous.round_lease import OwnLease, RoundLease, SharedLease
 from elasticft.store import EtcdClient, Lease, StoreError

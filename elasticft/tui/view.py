@@ -24,7 +24,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from elasticft.contract.events import EventKind, describe
-from elasticft.contract.memory import MemPart
+from elasticft.contract.memory import MemPart, NodeParts
 from elasticft.contract.records import NodeState
 from elasticft.health.trend import temperature_slope
 from elasticft.memckpt.index import memory_summary
@@ -248,11 +248,12 @@ def _checkpoints(state: RunState, now: float, settings: ViewSettings) -> dict:
 
 
 def _parts(raw: list[dict]) -> list[MemPart]:
+    """Every part of the nodes' records (``contract.memory.NodeParts``)."""
     parts = []
     for value in raw:
         try:
-            parts.append(MemPart.from_json(json.dumps(value)))
-        except (TypeError, ValueError):
+            parts.extend(NodeParts.from_json(json.dumps(value)).parts)
+        except (TypeError, ValueError, KeyError):
             continue  # a record of another version: not shown
     return parts
 

@@ -1,6 +1,6 @@
 """A live local copy of the keys in one etcd key range: one range read, then a watch.
 
-The rendezvous waits on these instead of polling: a waiting node learns that a round
+The rendezvous (and the memory tier) wait on these instead of polling: a waiting node learns that a round
 closed, that its closer died or that a participant's lease expired from a watch
 event, and answers ``num_nodes_waiting`` from memory, with no request to etcd.
 """
@@ -64,7 +64,7 @@ class KeySet:
     def _on_error(self, exc: Exception) -> None:
         if not self._closed:
             log.log(logging.DEBUG if is_unavailable(exc) else logging.WARNING,
-                    "rendezvous watch on %s broke: %s", self._start, exc)
+                    "watch on %s broke: %s", self._start, exc)
             self.broken = True
             self._changed()
 
