@@ -29,6 +29,7 @@ from elasticft.memckpt.replicator import Replicator
 from elasticft.memckpt.restore import assemble_candidates
 from elasticft.memckpt.server import ShardServer
 from elasticft.store import EtcdClient, StoreError
+from elasticft.store.keyset import KeySet
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class MemoryTier:
         self._domains: dict[str, str] = {node_id: config.domain()}
         self._server: ShardServer | None = None
         self._replicator: Replicator | None = None
+        self._servers: KeySet | None = None  # the peers' shard server addresses, watched
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -71,6 +73,8 @@ class MemoryTier:
     def close(self) -> None:
         if self._replicator is not None:
             self._replicator.close()
+        if self._servers is not None:
+            self._servers.close()
         if self._server is not None:
             self._server.close()
             try:
@@ -107,8 +111,15 @@ class MemoryTier:
             return dict(self._domains)
 
     def _address_of(self, node: str) -> str | None:
-        kv = self.client.get(self.keys.mem_server(node))
-        return kv.value.decode() if kv is not None else None
+        """A peer's shard server, from a watched copy of ``mem/servers/``: no etcd request per push."""
+        with self._lock:
+            if self._servers is None or self._servers.broken:
+                if self._servers is not None:
+                    self._servers.close()
+                self._servers = KeySet(self.client, self.keys.mem_server(""), lambda: None)
+            servers = self._servers
+        value = servers.get(self.keys.mem_server(node))
+        return value.decode() if value is not None else None
 
     # -- the workers' events ----------------------------------------------------
 

@@ -1,0 +1,176 @@
+"""The memory tier's etcd load per snapshot at N nodes: this design against the previous one, one run.
+
+N real ``MemoryTier`` agents (no workers) in one process, each with its own etcd client, shard
+server on 127.0.0.1 and node directory, on one embedded etcd; every node's "workers" write a
+synthetic part (one shard file of ``--part-kb``; rank 0's node also a real DCP ``.metadata``)
+and the tier publishes, replicates, computes what is restorable and prunes, as in a job. After
+two warm-up snapshots, ``--snapshots`` more are measured: etcd's own counters (``/metrics``,
+gRPC requests handled and watch events sent) divided by snapshots and nodes.
+
+The baseline is the previous design (one key per part, one compare-and-swap per replica, every
+agent reading the whole index after each snapshot), measured by running this same file in a
+subprocess on the tree of ``--baseline-rev`` (``git archive``), on a fresh etcd of its own.
+
+    python bench/mem_index_scale.py [--nodes 4,16,64] [--snapshots 5] [--part-kb 64] [--baseline-rev REV]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import ROOT, table  # noqa: E402  (also puts the repo on sys.path)
+
+BASELINE_REV = "792bca3"  # the last tree with one etcd key per part (issue 33, item 2 replaced it)
+KV = ("Range", "Put", "Txn", "DeleteRange")
+
+
+def metrics(endpoint: str) -> dict[str, float]:
+    """etcd's KV requests handled (by method) and watch events sent, from its /metrics."""
+    text = urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10).read().decode()
+    out = {m: 0.0 for m in KV}
+    for method in KV:
+        for value in re.findall(r'grpc_server_handled_total\{[^}]*grpc_method="%s"[^}]*\} (\S+)' % method, text):
+            out[method] += float(value)
+    out["events"] = float(re.search(r"^etcd_debugging_mvcc_events_total (\S+)", text, re.M).group(1))
+    out["sent_bytes"] = sum(float(v) for v in re.findall(r"^etcd_network_client_grpc_sent_bytes_total (\S+)",
+                                                         text, re.M))
+    return out
+
+
+def write_part(folder: Path, rank: int, world: int, kb: int, scratch: Path) -> None:
+    """What one node's workers leave for one snapshot: a shard file; on rank 0 the global files too."""
+    folder.mkdir(parents=True)
+    (folder / f"__{rank}_0.distcp").write_bytes(os.urandom(kb * 1024))
+    if rank == 0:
+        import pickle
+
+        import torch
+        import torch.distributed.checkpoint as dcp
+
+        scratch.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.save({f"w{r}": torch.zeros(1) for r in range(world)},
+                     storage_writer=dcp.FileSystemWriter(str(scratch), thread_count=1), no_dist=True)
+        metadata = pickle.loads((scratch / ".metadata").read_bytes())
+        for index, info in list(metadata.storage_data.items()):
+            metadata.storage_data[index] = type(info)(f"__{int(index.fqn[1:])}_0.distcp", info.offset, info.length)
+        (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+        (folder / "common.pt").write_bytes(b"\0" * 100)
+        (folder / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+
+
+def measure(nodes: int, snapshots: int, kb: int, work: Path) -> dict:
+    """One design (whichever ``elasticft`` imports) at ``nodes`` nodes: etcd load per snapshot per node."""
+    from elasticft.config import MemoryConfig
+    from elasticft.contract.keys import RunKeys
+    from elasticft.contract.run_dir import WorkerEnv
+    from elasticft.memckpt import MemoryTier
+    from elasticft.store import EmbeddedEtcd, StoreOptions, connect
+
+    keys = RunKeys(uuid.uuid4().hex)
+    with EmbeddedEtcd() as server:
+        clients, tiers = [], []
+        names = [f"n{i:04d}" for i in range(nodes)]
+        for name in names:
+            client = connect(StoreOptions(server.endpoint))
+            config = MemoryConfig(mem_ckpt_interval=1, mem_ckpt_replicas=1, mem_ckpt_budget_gb=1.0,
+                                  mem_ckpt_dir=str(work / "shm"))
+            run_dir = work / "run" / name
+            run_dir.mkdir(parents=True)
+            tier = MemoryTier(config, name, "127.0.0.1", client, keys, run_dir, lambda *a, **k: None, timeout=30.0)
+            tier.start()
+            clients.append(client)
+            tiers.append(tier)
+        dirs = []
+        for tier in tiers:
+            tier.set_members({name: "" for name in names})
+            dirs.append(Path(tier.prepare_start(set(names), None)[WorkerEnv.MEM_DIR.value]))
+
+        def snapshot(iteration: int) -> float:
+            began = time.perf_counter()
+            for rank, (tier, folder) in enumerate(zip(tiers, dirs)):
+                part = folder / f"iter_{iteration:07d}"
+                write_part(part, rank, nodes, kb, work / f"dcp-{iteration}")
+                tier.on_saved(iteration, str(part))
+            for _ in range(2):  # the origins' pushes, then the holders' receipts
+                for tier in tiers:
+                    tier.flush(120)
+            deadline = time.monotonic() + 60
+            while any(t._replicator.lag.newest != iteration for t in tiers) and time.monotonic() < deadline:
+                time.sleep(0.01)  # a bench's wait for every node to see it restorable (no test relies on it)
+            return time.perf_counter() - began
+
+        for iteration in (1, 2):
+            snapshot(iteration)
+        before = metrics(server.endpoint)
+        seconds = [snapshot(iteration) for iteration in range(3, 3 + snapshots)]
+        after = metrics(server.endpoint)
+        for tier in tiers:
+            tier.close()
+        for client in clients:
+            client.close()
+    per = snapshots * nodes
+    delta = {k: (after[k] - before[k]) / per for k in after}
+    return {"nodes": nodes, "writes": delta["Put"] + delta["Txn"] + delta["DeleteRange"], "reads": delta["Range"],
+            "events": delta["events"], "kb_sent": delta["sent_bytes"] / 1024, "seconds": sorted(seconds)[len(seconds) // 2]}
+
+
+def baseline(rev: str, args) -> list[dict]:
+    """This file's measurement on the tree of ``rev``, in a subprocess (its own imports, its own etcd)."""
+    with tempfile.TemporaryDirectory(prefix="eft-baseline-") as tree:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "elasticft"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
+        out = subprocess.run([sys.executable, __file__, "--nodes", args.nodes, "--snapshots", str(args.snapshots),
+                              "--part-kb", str(args.part_kb), "--json", "--tree", tree],
+                             capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="4,16,64", help="node counts to measure, comma separated")
+    parser.add_argument("--snapshots", type=int, default=5, help="snapshots measured at each node count")
+    parser.add_argument("--part-kb", type=int, default=64, help="size of each node's part (one shard file)")
+    parser.add_argument("--baseline-rev", default=BASELINE_REV, help="git revision of the previous design")
+    parser.add_argument("--no-baseline", action="store_true", help="measure this tree only")
+    parser.add_argument("--json", action="store_true", help="print this tree's figures as one JSON line")
+    parser.add_argument("--tree", help="import elasticft from this directory (the baseline's run)")
+    args = parser.parse_args()
+    if args.tree:
+        sys.path.insert(0, args.tree)
+    counts = [int(n) for n in args.nodes.split(",")]
+    with tempfile.TemporaryDirectory(prefix="eft-mem-index-") as work:
+        rows = [measure(n, args.snapshots, args.part_kb, Path(work) / str(n)) for n in counts]
+    if args.json:
+        print(json.dumps(rows))
+        return
+    old = [] if args.no_baseline else baseline(args.baseline_rev, args)
+    headers = ["design", "nodes", "writes/node/snap", "reads/node/snap", "watch events/node/snap",
+               "KiB sent/node/snap", "snapshot s (all nodes)"]
+    lines = []
+    for label, figures in (("one key a node", rows), (f"one key a part ({args.baseline_rev})", old)):
+        lines += [[label, r["nodes"], round(r["writes"], 2), round(r["reads"], 2), round(r["events"], 2),
+                   round(r["kb_sent"], 1), round(r["seconds"], 3)] for r in figures]
+    print(table(headers, lines))
+    for new, prev in zip(rows, old):
+        print(f"{new['nodes']} nodes: etcd writes x{new['writes'] / max(prev['writes'], 1e-9):.2f}, "
+              f"reads x{new['reads'] / max(prev['reads'], 1e-9):.2f}, "
+              f"bytes sent x{new['kb_sent'] / max(prev['kb_sent'], 1e-9):.2f} of the previous design")
+
+
+if __name__ == "__main__":
+    main()
