@@ -266,3 +266,20 @@ def test_a_snapshot_costs_etcd_one_write_per_node_and_one_for_the_job(cluster, e
 def restorable(etcd, run_keys) -> list[int]:
     found = etcd.get(run_keys.mem_restorable)
     return Restorable.from_json(found.value).iterations if found else []
+
+
+def test_a_lost_nodes_record_goes_once_nothing_in_it_can_be_restored(cluster, etcd, run_keys, tmp_path):
+    nodes = cluster(3)
+    for iteration in (1, 2):
+        save_all(nodes, iteration, tmp_path)
+    index = MemIndex(etcd, run_keys)
+    lose(nodes[2])
+    survivors = nodes[:2]
+    for node in survivors:
+        node.tier.set_members({"n0": "", "n1": ""})
+    save_all(survivors, 3, tmp_path)
+    assert etcd.get(index.key("n2")) is not None  # its replicas of 1 and 2 may still be what a restore needs
+    save_all(survivors, 4, tmp_path)
+    wait_for(lambda: restorable(etcd, run_keys) == [4, 3], 10, "iterations 4 and 3 to be restorable")
+    wait_for(lambda: etcd.get(index.key("n2")) is None, 10, "the lost node's record to go")
+    assert etcd.get(index.key("n0")) is not None and etcd.get(index.key("n1")) is not None

@@ -93,7 +93,23 @@ class RestorableView:
         if restorable != self._published:
             self.index.publish_restorable(Restorable(restorable, self.node_id, len(alive), time.time()))
             self._published = restorable
+            if len(restorable) == SHOWN:
+                self._forget_lost(alive, restorable[-1])
         return restorable
+
+    def _forget_lost(self, alive: set[str], keep_from: int) -> None:
+        """Remove the records of lost nodes whose every part is older than what every agent keeps: no
+        restore can use them any more, and a job that loses nodes for weeks must not pile them up."""
+        for key, (_, parts) in list(self._parsed.items()):
+            node = node_of_key(self.index.prefix, key)
+            if node in alive or any(p.iteration >= keep_from for p in parts):
+                continue
+            current = self.index.client.get(key)
+            if current is None or current.value != self._parsed[key][0]:
+                continue  # written again meanwhile (the node is back): look at it at the next change
+            if self.index.client.delete_if_unchanged(key, current.mod_revision):
+                log.info("memory index: removed lost node %s's record (all of it older than iteration %d)",
+                         node, keep_from)
 
     def _all_parts(self) -> list[MemPart]:
         values = self._parts.snapshot()
