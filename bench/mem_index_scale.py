@@ -50,6 +50,22 @@ def metrics(endpoint: str) -> dict[str, float]:
     return out
 
 
+def settle(endpoint: str, quiet: float = 0.3, limit: float = 30.0) -> None:
+    """Until etcd took no write for ``quiet`` seconds (the agents' reactions to the snapshot are done);
+    read from /metrics, which is no etcd request."""
+    def writes() -> float:
+        m = metrics(endpoint)
+        return m["Put"] + m["Txn"] + m["DeleteRange"]
+
+    deadline = time.monotonic() + limit
+    last, since = writes(), time.monotonic()
+    while time.monotonic() - since < quiet and time.monotonic() < deadline:
+        time.sleep(0.05)  # a bench's poll of a counter; no test relies on it
+        now = writes()
+        if now != last:
+            last, since = now, time.monotonic()
+
+
 def write_part(folder: Path, rank: int, world: int, kb: int, scratch: Path) -> None:
     """What one node's workers leave for one snapshot: a shard file; on rank 0 the global files too."""
     folder.mkdir(parents=True)
@@ -109,9 +125,7 @@ def measure(nodes: int, snapshots: int, kb: int, work: Path) -> dict:
             for _ in range(2):  # the origins' pushes, then the holders' receipts
                 for tier in tiers:
                     tier.flush(120)
-            deadline = time.monotonic() + 60
-            while any(t._replicator.lag.newest != iteration for t in tiers) and time.monotonic() < deadline:
-                time.sleep(0.01)  # a bench's wait for every node to see it restorable (no test relies on it)
+            settle(server.endpoint)
             return time.perf_counter() - began
 
         for iteration in (1, 2):
