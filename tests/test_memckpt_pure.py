@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections import Counter
 
 from hypothesis import given, settings
@@ -139,3 +141,15 @@ def test_restorable_when_complete_with_every_replica_in_place():
     assert memory_summary(pair(7, ["a"], ["b"]), alive)["lag"] == 1
     lone = [part("a", 3, NEEDS, ["a"], NEEDS)]  # a one-node job pushes to nobody: complete is restorable
     assert restorable_iterations(lone, {"a"}) == [3]
+
+
+def test_the_list_of_every_file_stays_small_at_16k_ranks_and_comes_back_whole():
+    from elasticft.contract.memory import NodeParts
+
+    needs = sorted([f"__{r}_0.distcp" for r in range(16_384) if r != 77] + [".metadata", "common.pt",
+                                                                             "metadata.json", "__5_1.distcp"])
+    part = MemPart("n0", 3, "h:1", {".metadata": [10, 1]}, holders=["n0"], needs=needs)
+    raw = NodeParts("n0", [part, dataclasses.replace(part, iteration=4)]).to_json()
+    assert len(raw) < 2_000  # etcd takes requests up to 1.5 MB; the plain list alone is ~330 KB
+    assert [p.needs for p in NodeParts.from_json(raw).parts] == [needs, needs]
+    assert MemPart.from_json(json.dumps({**json.loads(part.to_json()), "needs": needs})).needs == needs  # a plain list

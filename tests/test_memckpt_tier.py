@@ -16,7 +16,7 @@ import pytest
 from bench.launch import wait_for
 from elasticft.contract.events import EventKind
 from elasticft.contract.memory import LAG_MARKER, PAUSE_MARKER, RESTORE_FILE, RestorePlan, Restorable
-from elasticft.memckpt.index import MemIndex
+from elasticft.memckpt.index import MemIndex, restorable_iterations
 from tests.memckpt_parts import make_node, shard_name
 
 ITER = 5
@@ -43,6 +43,12 @@ def save_all(nodes, iteration, tmp_path):
     for node in nodes:
         node.save(iteration, len(nodes), tmp_path)
     flush(nodes)
+    # Every node learns what is restorable from one watched key, a moment after the last record
+    # is written: wait until each has seen what the index says (a job's snapshots are far apart).
+    etcd, keys = nodes[0].tier.client, nodes[0].tier.keys
+    expected = restorable_iterations(MemIndex(etcd, keys).parts(), {n.node_id for n in nodes})
+    if expected:
+        wait_for(lambda: all(n.tier.restorable_seen == expected[0] for n in nodes), 10, "every node to see it")
 
 
 def flush(nodes):

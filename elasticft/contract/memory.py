@@ -26,6 +26,7 @@ computed by one agent for all, so that no agent has to read every node's key.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 
 # Files of a torch_dist checkpoint that global rank 0 writes once for the whole checkpoint.
@@ -69,6 +70,40 @@ def node_of_key(prefix: str, key: str) -> str | None:
     return node if node and "/" not in node else None
 
 
+_SHARD = re.compile(r"^__(\d+)_(\d+)\.distcp$")
+
+
+def pack_names(names: list[str]) -> list:
+    """``needs`` as etcd keeps it: each run of shard files ``__<r>_<k>.distcp`` (r consecutive, one k)
+    as ``[k, first r, last r]``, other names as they are. At 16,384 ranks the list of every file is
+    ~330 KB; packed, a few bytes, so a node's record stays far below etcd's request limit."""
+    out: list = []
+    for name in sorted(names, key=lambda n: (0, int(m.group(2)), int(m.group(1))) if (m := _SHARD.match(n))
+                       else (1, 0, 0)):
+        m = _SHARD.match(name)
+        if m is None:
+            out.append(name)
+            continue
+        rank, k = int(m.group(1)), int(m.group(2))
+        if out and isinstance(out[-1], list) and out[-1][0] == k and out[-1][2] == rank - 1:
+            out[-1][2] = rank
+        else:
+            out.append([k, rank, rank])
+    return out
+
+
+def unpack_names(packed: list) -> list[str]:
+    """The inverse of ``pack_names`` (a plain list of names, from older records, passes through)."""
+    out: list[str] = []
+    for item in packed:
+        if isinstance(item, list):
+            k, first, last = item
+            out.extend(f"__{r}_{k}.distcp" for r in range(first, last + 1))
+        else:
+            out.append(item)
+    return sorted(out)
+
+
 @dataclass
 class MemPart:
     """One node's share of one memory checkpoint, as published in etcd.
@@ -93,12 +128,23 @@ class MemPart:
     time: float = 0.0
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        if self.needs:
+            out["needs"] = pack_names(self.needs)
+        return out
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> MemPart:
-        data = json.loads(raw)
+        return cls.from_dict(json.loads(raw))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> MemPart:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if known.get("needs"):
+            known["needs"] = unpack_names(known["needs"])
         return cls(**known)
 
     @property
@@ -120,14 +166,12 @@ class NodeParts:
     parts: list[MemPart] = field(default_factory=list)
 
     def to_json(self) -> str:
-        return json.dumps({"node": self.node, "parts": [asdict(p) for p in self.parts]}, sort_keys=True)
+        return json.dumps({"node": self.node, "parts": [p.to_dict() for p in self.parts]}, sort_keys=True)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> NodeParts:
         data = json.loads(raw)
-        known = MemPart.__dataclass_fields__
-        return cls(node=data["node"],
-                   parts=[MemPart(**{k: v for k, v in p.items() if k in known}) for p in data.get("parts", [])])
+        return cls(node=data["node"], parts=[MemPart.from_dict(p) for p in data.get("parts", [])])
 
 
 @dataclass

@@ -95,6 +95,11 @@ class MemoryTier:
             self._server.slow = slow
 
     @property
+    def restorable_seen(self) -> int | None:
+        """The newest restorable iteration this node has seen (``mem/restorable``, watched)."""
+        return self._running().lag.newest
+
+    @property
     def address(self) -> str:
         if self._server is None:
             raise RuntimeError("MemoryTier.start() was not called")
