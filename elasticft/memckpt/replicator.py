@@ -25,9 +25,10 @@ from typing import Callable
 
 from elasticft.contract.memory import DCP_METADATA, GLOBAL_FILES, MemPart
 from elasticft.memckpt.budget import PauseGate
+from elasticft.memckpt.chunks import checksum_part
 from elasticft.memckpt.index import MemIndex, restorable_iterations
 from elasticft.memckpt.lag import LagGate
-from elasticft.memckpt.node_dir import NodeDir, list_part
+from elasticft.memckpt.node_dir import NodeDir
 from elasticft.memckpt.placement import replica_holders
 from elasticft.memckpt.transfer import TransferError, push
 from elasticft.store import StoreError
@@ -185,7 +186,7 @@ class Replicator:
                 log.warning("memory tier on %s: %s failed: %s", self.node_id, job, exc)
 
     def _replicate(self, job: _Saved) -> None:
-        files = list_part(job.path)
+        files = checksum_part(job.path)  # and each shard file's chunk table, written beside it
         if not files:
             # Normal with data parallelism: only one replica of each shard is written.
             log.debug("memory checkpoint %d: %s holds no files; not published", job.iteration, job.path)

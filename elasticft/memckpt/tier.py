@@ -4,7 +4,7 @@ The agent calls ``start`` once, ``set_members`` on every membership change, ``pr
 before every start of its workers, ``on_saved`` and ``on_restored`` when local rank 0's outbox
 says so, and ``close`` at the end. Everything slow (checksums, pushes to peers) happens on
 the tier's own thread or the shard server's; ``prepare_start`` is the one call that waits
-(the workers cannot start before their checkpoint is assembled) and it never raises for a
+(the workers cannot start before their restore candidates are prepared) and it never raises for a
 peer's failure: a candidate it could not build is marked not ready and the event log says why.
 """
 
@@ -90,6 +90,10 @@ class MemoryTier:
         if self._server is not None:
             self._server.slow = slow
 
+    def served(self) -> dict[str, int]:
+        """Bytes this node's shard server served so far, per requesting node (what restores cost the network)."""
+        return self._server.served() if self._server is not None else {}
+
     @property
     def address(self) -> str:
         if self._server is None:
@@ -155,8 +159,9 @@ class MemoryTier:
             complete = complete_iterations(parts, set(alive))
             self._report_lost_share(parts, set(alive), complete[0].iteration if complete else None)
             candidates = assemble_candidates(self.node_dir, self.node_id, self.keys.run_id, complete, self.record,
-                                             self.timeout)
-        plan = RestorePlan(candidates=candidates, generation=generation, reached=reached)
+                                             self.timeout, parts)
+        plan = RestorePlan(candidates=candidates, generation=generation, reached=reached, run_id=self.keys.run_id,
+                           node=self.node_id)
         write_atomically(self.run_dir / RESTORE_FILE, plan.to_json())
         return {WorkerEnv.MEM_DIR.value: str(own)}
 
