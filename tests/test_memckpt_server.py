@@ -9,7 +9,8 @@ import zlib
 import pytest
 
 from elasticft.contract.memory import CHECKSUM_HEADER, NODE_HEADER, RUN_HEADER
-from elasticft.memckpt.node_dir import NodeDir, list_part
+from elasticft.memckpt.chunks import checksum_part
+from elasticft.memckpt.node_dir import NodeDir
 from elasticft.memckpt.replicator import needs_of
 from elasticft.memckpt.server import ShardServer
 from elasticft.memckpt.transfer import TransferError, fetch, push
@@ -148,6 +149,6 @@ def test_needs_come_from_a_real_dcp_metadata(tmp_path):
     write_metadata(part, 3, tmp_path / "scratch")
     (part / "common.pt").write_bytes(b"c")
     assert needs_of(part) == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "common.pt"]
-    assert list(list_part(part)) == [".metadata", "common.pt"]
+    assert list(checksum_part(part)) == [".metadata", "common.pt"]
     (part / ".metadata").write_bytes(b"torn")
     assert needs_of(part) is None

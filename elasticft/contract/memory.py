@@ -42,7 +42,7 @@ RESTORE_DIR = "restore"
 OWNER_FILE = "owner.json"
 
 # Run-directory files (beside elasticft.contract.run_dir's).
-RESTORE_FILE = "mem-restore.json"  # agent -> workers: what was assembled for this start
+RESTORE_FILE = "mem-restore.json"  # agent -> workers: the restore candidates of this start
 PAUSE_MARKER = "mem-paused"  # agent -> workers: over budget, take no memory snapshots
 # agent -> workers: take no memory snapshot for now: this node's newest is still being replicated with
 # another queued behind it, or it has taken more than --eft-mem-ckpt-max-lag snapshots since the newest
@@ -188,7 +188,9 @@ class RestoreCandidate:
 
     @classmethod
     def from_dict(cls, data: dict) -> RestoreCandidate:
-        files = {name: RangedFile(**f) for name, f in (data.get("files") or {}).items()}
+        known = RangedFile.__dataclass_fields__  # a newer agent's fields are not this worker's business
+        files = {name: RangedFile(**{k: v for k, v in f.items() if k in known})
+                 for name, f in (data.get("files") or {}).items()}
         return cls(int(data["iteration"]), data["path"], bool(data["ready"]), data.get("why", ""), files)
 
 

@@ -93,7 +93,7 @@ def _ranged(node_dir: NodeDir, node_id: str, iteration: int, src: FileSource, pa
     return entry
 
 
-def assemble(node_dir: NodeDir, node_id: str, run_id: str, complete: CompleteIteration,
+def prepare(node_dir: NodeDir, node_id: str, run_id: str, complete: CompleteIteration,
              parts: dict[tuple[str, int], MemPart] | None = None, timeout: float = 60.0) -> RestoreCandidate:
     """Prepare ``restore/iter_K`` for one complete iteration; never raises (a failure is a not-ready candidate).
 
@@ -123,7 +123,7 @@ def assemble(node_dir: NodeDir, node_id: str, run_id: str, complete: CompleteIte
     return RestoreCandidate(complete.iteration, str(dest), True, files=files)
 
 
-def assemble_candidates(node_dir: NodeDir, node_id: str, run_id: str, complete: list[CompleteIteration],
+def prepare_candidates(node_dir: NodeDir, node_id: str, run_id: str, complete: list[CompleteIteration],
                         record: Callable[..., None], timeout: float = 60.0,
                         parts: list[MemPart] | None = None) -> list[RestoreCandidate]:
     """Prepare complete iterations, newest first, until MAX_CANDIDATES are ready; record a fallback for
@@ -133,7 +133,7 @@ def assemble_candidates(node_dir: NodeDir, node_id: str, run_id: str, complete: 
     for c in complete:
         if sum(candidate.ready for candidate in candidates) >= MAX_CANDIDATES:
             break
-        candidates.append(assemble(node_dir, node_id, run_id, c, by_key, timeout))
+        candidates.append(prepare(node_dir, node_id, run_id, c, by_key, timeout))
     for i, candidate in enumerate(candidates):
         if candidate.ready:
             continue

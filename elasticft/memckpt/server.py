@@ -124,9 +124,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             f.seek(start)
             while left > 0 and (chunk := f.read(min(CHUNK, left))):
+                # counted before it goes: a reader that has the bytes finds them counted
+                owner.count(self.headers.get(NODE_HEADER, ""), len(chunk))
                 self.wfile.write(chunk)
                 left -= len(chunk)
-                owner.count(self.headers.get(NODE_HEADER, ""), len(chunk))
 
     def _put(self) -> None:
         owner = self.server.owner

@@ -26,7 +26,7 @@ from elasticft.memckpt.lag import LagGate
 from elasticft.memckpt.node_dir import NodeDir
 from elasticft.memckpt.reclaim import claim, reclaim_and_say, remove_run_dir_if_empty
 from elasticft.memckpt.replicator import Replicator
-from elasticft.memckpt.restore import assemble_candidates
+from elasticft.memckpt.restore import prepare_candidates
 from elasticft.memckpt.server import ShardServer
 from elasticft.store import EtcdClient, StoreError
 
@@ -158,7 +158,7 @@ class MemoryTier:
                 parts = []
             complete = complete_iterations(parts, set(alive))
             self._report_lost_share(parts, set(alive), complete[0].iteration if complete else None)
-            candidates = assemble_candidates(self.node_dir, self.node_id, self.keys.run_id, complete, self.record,
+            candidates = prepare_candidates(self.node_dir, self.node_id, self.keys.run_id, complete, self.record,
                                              self.timeout, parts)
         plan = RestorePlan(candidates=candidates, generation=generation, reached=reached, run_id=self.keys.run_id,
                            node=self.node_id)

@@ -163,9 +163,9 @@ class CandidateReader:
                 tried.append(f"{label}: {exc}")
         raise CorruptRange(name, 0, size, self.candidate.iteration, "; ".join(tried) or "no holder")
 
-    def fill(self, entry: RangedFile, table: ChunkTable, run: list[int]) -> dict[int, bytes]:
+    def fill(self, entry: RangedFile, table: ChunkTable, run: list[int]) -> dict[int, memoryview]:
         """The chunks ``run`` (consecutive indexes) of ``entry``, each checked; CorruptRange if one cannot be."""
-        got: dict[int, bytes] = {}
+        got: dict[int, memoryview] = {}
         tried: list[str] = []
         mismatch = False
         for label, address in self.sources(entry):
@@ -176,7 +176,7 @@ class CandidateReader:
                 start = table.chunks[part[0]][0]
                 end = table.chunks[part[-1]][0] + table.chunks[part[-1]][1]
                 try:
-                    data = self.read(entry, entry.name, address, start, end)
+                    data = memoryview(self.read(entry, entry.name, address, start, end))  # slices copy nothing
                 except OSError as exc:
                     tried.append(f"{label}: {exc}")
                     continue
@@ -230,7 +230,7 @@ class VerifiedFile(io.RawIOBase):
         self._reader, self._entry, self._table = reader, entry, table
         self._starts = [c[0] for c in table.chunks]
         self._wanted = _merged(wanted)  # disjoint [start, end), in order
-        self._cache: OrderedDict[int, bytes] = OrderedDict()
+        self._cache: OrderedDict[int, memoryview] = OrderedDict()
         self._cached = 0
         self._pos = 0
 
@@ -256,7 +256,8 @@ class VerifiedFile(io.RawIOBase):
         while done < len(view) and self._pos < self._table.size:
             k = bisect.bisect_right(self._starts, self._pos) - 1
             chunk = self._chunk(k)
-            piece = chunk[self._pos - self._starts[k]:][:len(view) - done]
+            at = self._pos - self._starts[k]
+            piece = chunk[at:at + len(view) - done]
             view[done:done + len(piece)] = piece
             done += len(piece)
             self._pos += len(piece)
@@ -268,7 +269,7 @@ class VerifiedFile(io.RawIOBase):
         i = bisect.bisect_left(self._wanted, (offset + length,)) - 1  # the last range starting before its end
         return i >= 0 and self._wanted[i][1] > offset
 
-    def _chunk(self, k: int) -> bytes:
+    def _chunk(self, k: int) -> memoryview:
         if k in self._cache:
             self._cache.move_to_end(k)
             return self._cache[k]
