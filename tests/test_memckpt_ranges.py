@@ -134,3 +134,11 @@ def test_a_holder_that_is_gone_is_skipped(holders):
         load(holders.candidate, ["w0"])
     (bad,) = corrupt_ranges(raised.value)  # the file's chunk table is the first thing it cannot read
     assert bad.file == SHARD + CHUNKS_SUFFIX and "a: " in bad.why and "b: " in bad.why
+
+
+def test_a_holder_that_refuses_one_file_still_serves_the_next_request(holders):
+    (holders.parts[0] / (SHARD + CHUNKS_SUFFIX)).unlink()  # "a" lost the table (404): it comes from "b"
+    loaded, counts = load(holders.candidate, ["w2"])
+    assert torch.equal(loaded["w2"], STATE["w2"])
+    table = holders.candidate.files[SHARD].chunks[0]
+    assert [s.served() for s in holders.servers] == [{"c": holders.items["w2"][2]}, {"c": table}]

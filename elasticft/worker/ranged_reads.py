@@ -94,7 +94,9 @@ class _Peers:
             conn.close()
             self._connections.pop(address, None)
             raise OSError(f"{exc or type(exc).__name__}") from exc
-        if response.status not in (200, 206):
+        if response.status not in (200, 206):  # a refusal closes the server's end: so ours
+            conn.close()
+            self._connections.pop(address, None)
             raise OSError(f"HTTP {response.status} {body[:200].decode(errors='replace')}")
         if start is not None and (response.status != 206 or len(body) != end - start):
             raise OSError(f"asked for {end - start} bytes, got {len(body)} (HTTP {response.status})")
