@@ -8,6 +8,7 @@ we also close its server so nothing can read from it).
 from __future__ import annotations
 
 import logging
+import shutil
 import socket
 from pathlib import Path
 
@@ -162,6 +163,16 @@ def test_a_checkpoint_wide_file_no_holder_delivers_intact_falls_back_to_the_iter
     assert [c.ready for c in plan_of(nodes[0]).candidates] == [False, False]
     assert nodes[0].kinds(EventKind.MEM_CKPT_FALLBACK)[-1]["then"] == "the newest disk checkpoint"
     assert not any(nodes[0].tier.node_dir.restore.iterdir())  # nothing half-prepared is left
+
+
+def test_a_copy_gone_from_the_only_node_that_holds_it_leaves_that_iteration_not_ready(cluster, tmp_path):
+    nodes = cluster(3)
+    save_all(nodes, ITER, tmp_path)
+    lose(nodes[1])
+    shutil.rmtree(nodes[2].tier.node_dir.held_part("n1", ITER))  # n2 held n1's only other copy
+    nodes[2].start_workers({"n0", "n2"})
+    (candidate,) = plan_of(nodes[2]).candidates
+    assert not candidate.ready and shard_name(1) in candidate.why and "no other node holds one" in candidate.why
 
 
 def test_an_origin_and_its_only_holder_gone_leave_no_candidate(cluster, tmp_path):

@@ -90,11 +90,13 @@ def _ranged(node_dir: NodeDir, node_id: str, iteration: int, src: FileSource, pa
                         "its holders", iteration, name, exc.strerror or exc)
             break
         entry.local = True
+    if not entry.local and not entry.holders:
+        raise _Failed(f"{src.name} of {src.origin}: this node's copy is not usable and no other node holds one")
     return entry
 
 
 def prepare(node_dir: NodeDir, node_id: str, run_id: str, complete: CompleteIteration,
-             parts: dict[tuple[str, int], MemPart] | None = None, timeout: float = 60.0) -> RestoreCandidate:
+            parts: dict[tuple[str, int], MemPart] | None = None, timeout: float = 60.0) -> RestoreCandidate:
     """Prepare ``restore/iter_K`` for one complete iteration; never raises (a failure is a not-ready candidate).
 
     ``parts`` ((origin, iteration) -> its index entry) name each shard file's chunk table."""
@@ -124,8 +126,8 @@ def prepare(node_dir: NodeDir, node_id: str, run_id: str, complete: CompleteIter
 
 
 def prepare_candidates(node_dir: NodeDir, node_id: str, run_id: str, complete: list[CompleteIteration],
-                        record: Callable[..., None], timeout: float = 60.0,
-                        parts: list[MemPart] | None = None) -> list[RestoreCandidate]:
+                       record: Callable[..., None], timeout: float = 60.0,
+                       parts: list[MemPart] | None = None) -> list[RestoreCandidate]:
     """Prepare complete iterations, newest first, until MAX_CANDIDATES are ready; record a fallback for
     each that failed (the older restorable one a node kept is then still tried)."""
     by_key = {(p.node, p.iteration): p for p in parts or []}

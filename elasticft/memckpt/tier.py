@@ -4,8 +4,9 @@ The agent calls ``start`` once, ``set_members`` on every membership change, ``pr
 before every start of its workers, ``on_saved`` and ``on_restored`` when local rank 0's outbox
 says so, and ``close`` at the end. Everything slow (checksums, pushes to peers) happens on
 the tier's own thread or the shard server's; ``prepare_start`` is the one call that waits
-(the workers cannot start before their restore candidates are prepared) and it never raises for a
-peer's failure: a candidate it could not build is marked not ready and the event log says why.
+(the workers cannot start before their restore candidates are prepared) and it never raises
+for a peer's failure: a candidate it could not prepare is marked not ready and the event log
+says why.
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ class MemoryTier:
             complete = complete_iterations(parts, set(alive))
             self._report_lost_share(parts, set(alive), complete[0].iteration if complete else None)
             candidates = prepare_candidates(self.node_dir, self.node_id, self.keys.run_id, complete, self.record,
-                                             self.timeout, parts)
+                                            self.timeout, parts)
         plan = RestorePlan(candidates=candidates, generation=generation, reached=reached, run_id=self.keys.run_id,
                            node=self.node_id)
         write_atomically(self.run_dir / RESTORE_FILE, plan.to_json())
