@@ -10,7 +10,8 @@ this machine, for each of ``--sizes`` MB per node. Baselines measured in the sam
    (not tmpfs). Also the time until the snapshot is complete (write + finalize).
 2. Restore: ``dist_checkpointing.load`` from the tmpfs part, and from a replica (the part
    pushed over HTTP on 127.0.0.1 to a second tmpfs "node", then fetched back to a third
-   dir and loaded), against a load from the disk dir with the page cache dropped.
+   dir and loaded; or read by each rank's byte ranges during the load, as a restart does),
+   against a load from the disk dir with the page cache dropped.
 3. Host memory: bytes in tmpfs per snapshot against the state's bytes; peak RSS growth
    of the ranks during a snapshot (and during the disk save, for comparison).
 
@@ -41,6 +42,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from common import ROOT, table  # noqa: E402  (also puts the repo on sys.path)
+from mem_replication import Replication  # noqa: E402
 
 if not torch.cuda.is_available():  # megatron-core needs it before its first import
     sys.path.insert(0, str(ROOT / "examples" / "gpt3"))
@@ -52,10 +54,9 @@ MB = 1_000_000
 MAX, SUM = dist.ReduceOp.MAX, dist.ReduceOp.SUM
 COLS = 1024  # float32 columns of every tensor: 4 KiB rows
 
-from elasticft.memckpt import transfer  # noqa: E402
-from elasticft.memckpt.node_dir import NodeDir, iter_name, list_part  # noqa: E402
-from elasticft.memckpt.server import ShardServer  # noqa: E402
+from elasticft.contract.memory import RestoreCandidate  # noqa: E402
 from elasticft.worker import snapshot  # noqa: E402
+from elasticft.worker.ranged_reads import ranged_reads  # noqa: E402
 
 
 # -- the state -----------------------------------------------------------------------
@@ -154,39 +155,6 @@ def drop_page_cache() -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
-# -- replication over HTTP -------------------------------------------------------------
-
-
-class Replication:
-    """Node A's part pushed to node B's shard server (the replica), later fetched from B
-    into a restore dir: the teammate's transfer.push / fetch and ShardServer."""
-
-    RUN = "bench-run"
-
-    def __init__(self, root: Path, iteration: int):
-        self.iteration = iteration
-        self.a, self.b = NodeDir(root / "node-a"), NodeDir(root / "node-b")
-        self.a.create()
-        self.b.create()
-        self.part = self.a.new_generation()[1] / iter_name(iteration)
-        self.server = ShardServer(self.b, "node-b", self.RUN, "127.0.0.1").start()
-        self.crcs: dict[str, list[int]] = {}
-
-    def checksum(self) -> None:
-        self.crcs = list_part(self.part)
-
-    def push(self) -> None:
-        for name, (_, crc) in self.crcs.items():
-            transfer.push(self.server.address, self.RUN, "node-a", self.iteration, self.part / name, crc)
-
-    def drop_replica(self) -> None:
-        shutil.rmtree(self.b.held_part("node-a", self.iteration), ignore_errors=True)
-
-    def fetch(self, dest: Path) -> None:
-        for name, (_, crc) in self.crcs.items():
-            transfer.fetch(self.server.address, self.RUN, "node-a", self.iteration, name, dest / name, crc)
-
-
 # -- one size, on every rank -------------------------------------------------------------
 
 
@@ -204,7 +172,7 @@ def _rank_main(rank: int, ranks: int, mb: float, count: int, repeat: int, shm: s
     lead, root, disk_dir, restore_dir = rank == 0, Path(shm), Path(disk) / "iter_0000001", Path(shm) / "restore"
     out: dict = {"state_bytes": _reduce(SUM, sum(t.numel() * t.element_size() for t in tensors)),
                  "tensor_shape": list(tensors[0].shape)}
-    replication = Replication(root, 1) if lead and transfer else None
+    replication = Replication(root, 1) if lead else None
     part = [str(replication.part if replication else root / "node-a" / "iter_0000001")]
     dist.broadcast_object_list(part, src=0)
     part = Path(part[0])
@@ -233,7 +201,7 @@ def _rank_main(rank: int, ranks: int, mb: float, count: int, repeat: int, shm: s
 
     def snap(i: int) -> tuple[float, float]:
         fresh(part, make=False)  # one snapshot at a time: the previous one goes
-        s = snapshot.Snapshot.start(i + 1, part, state(i), copier, strategy, validate=i == 0)
+        s = snapshot.Snapshot.start(i + 1, part, state(i), copier, strategy, validate=i == 0, record_items=True)
         s.wait()
         complete, ok = s.finalize()
         assert ok and not s.failed, "the snapshot failed"
@@ -251,24 +219,35 @@ def _rank_main(rank: int, ranks: int, mb: float, count: int, repeat: int, shm: s
     # 2. Restores: from the tmpfs part; from a replica (rank 0 moves the node's files while
     # the others wait); from the disk, the page cache dropped first.
     out["memory_load"], = _medians(repeat, lambda i: (load(part),))
-    if transfer:
-        out["checksum"], = _medians(repeat, lambda i: (_timed(lambda: lead and replication.checksum()),))
-        out["push"], = _medians(repeat, lambda i: (_timed(lambda: lead and replication.push(),
-                                                          before=lambda: lead and replication.drop_replica()),))
-        out["replica_bytes"] = sum(size for size, _ in replication.crcs.values()) if lead else 0
-        fresh(part, make=False)  # node A is gone; its replica on B remains
+    out["checksum"], = _medians(repeat, lambda i: (_timed(lambda: lead and replication.checksum()),))
+    out["push"], = _medians(repeat, lambda i: (_timed(lambda: lead and replication.push(),
+                                                      before=lambda: lead and replication.drop_replica()),))
+    out["replica_bytes"] = sum(size for size, _ in replication.crcs.values()) if lead else 0
+    fresh(part, make=False)  # node A is gone; its replica on B remains
 
-        def from_replica(i: int) -> tuple[float, float]:
-            fresh(restore_dir)
-            fetch = _timed(lambda: lead and replication.fetch(restore_dir))
+    def from_replica(i: int) -> tuple[float, float]:
+        fresh(restore_dir)
+        fetch = _timed(lambda: lead and replication.fetch(restore_dir))
+        total = fetch + load(restore_dir)
+        fresh(restore_dir, make=False)
+        return fetch, total
+
+    out["fetch"], out["replica_restore"] = _medians(repeat, from_replica)
+
+    def by_ranges(i: int) -> tuple[float, float]:  # as a restart reads: its ranges, during the load
+        fresh(restore_dir)
+        before, found = lead and sum(replication.server.served().values()), [None]
+        fetch = _timed(lambda: found.__setitem__(0, lead and replication.fetch(restore_dir, ranged=True)))
+        dist.broadcast_object_list(found, src=0)
+        with ranged_reads(RestoreCandidate.from_dict(json.loads(found[0])), Replication.RUN, f"rank{rank}"):
             total = fetch + load(restore_dir)
-            fresh(restore_dir, make=False)
-            return fetch, total
+        fresh(restore_dir, make=False)
+        return total, (lead and sum(replication.server.served().values())) - before
 
-        out["fetch"], out["replica_restore"] = _medians(repeat, from_replica)
-        if lead:
-            replication.drop_replica()
-            replication.server.close()
+    out["ranged_restore"], out["ranged_bytes"] = _medians(repeat, by_ranges)
+    if lead:
+        replication.drop_replica()
+        replication.server.close()
     fresh(part, make=False)
     why_not: list = [None]
     out["disk_load"], = _medians(repeat, lambda i: (load(disk_dir, before=lambda: why_not.append(
@@ -330,7 +309,9 @@ def report(mb: float, r: dict, ranks: int, count: int) -> list[str]:
         rows += [row("replicate: crc32 of the part", r["checksum"], "disk_load", r["replica_bytes"]),
                  row("replicate: push to a peer over HTTP", r["push"], "disk_load", r["replica_bytes"]),
                  row("restore from replica: fetch over HTTP", r["fetch"], "disk_load", r["replica_bytes"]),
-                 row("restore from replica: fetch + load", r["replica_restore"], "disk_load")]
+                 row("restore from replica: fetch + load", r["replica_restore"], "disk_load"),
+                 row("restore from replica: byte ranges during the load", r["ranged_restore"], "disk_load",
+                     r["ranged_bytes"])]
     rows += [memory("tmpfs bytes per snapshot", r["tmpfs_bytes"]),
              memory("peak RSS growth, snapshot", r["rss_snapshot"]),
              memory("peak RSS growth, disk save", r["rss_disk_save"])]

@@ -13,7 +13,8 @@ ROWS = ["disk save, synchronous torch_dist (baseline)", "memory snapshot: traini
         "a plain read of its files", "memory load (local tmpfs)", "host memory: tmpfs bytes per snapshot",
         "host memory: peak RSS growth, snapshot", "host memory: peak RSS growth, disk save"]
 REPLICA_ROWS = ["replicate: crc32 of the part", "replicate: push to a peer over HTTP",
-                "restore from replica: fetch over HTTP", "restore from replica: fetch + load"]
+                "restore from replica: fetch over HTTP", "restore from replica: fetch + load",
+                "restore from replica: byte ranges during the load"]
 
 
 @pytest.mark.slow

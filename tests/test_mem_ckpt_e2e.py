@@ -154,6 +154,10 @@ def test_a_corrupt_replica_falls_back_to_the_previous_memory_iteration(demo, ref
     if "injected fault: flipped one byte of the replica" in (tmp_path / "node0.log").read_text():
         (fallback,) = [e for e in fallbacks if "checksum" in e["why"]]
         assert resumed != fallback["iteration"]  # never the corrupt one (an older memory one, or disk's 10)
+        # Found by the rank that read it: the event names the shard file and the chunk's byte range.
+        first, end = fallback["range"]
+        assert fallback["file"].endswith(".distcp") and 0 <= first < end
+        assert f"{fallback['file']} bytes {first}-{end - 1}" in fallback["why"]
     else:  # no memory iteration was complete on node 0 at all (nothing restorable yet): nothing to corrupt
         assert (source, resumed) == ("disk", 10) and any("no live copy" in e["why"] for e in fallbacks)
 

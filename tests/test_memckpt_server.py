@@ -8,8 +8,9 @@ import zlib
 
 import pytest
 
-from elasticft.contract.memory import CHECKSUM_HEADER, RUN_HEADER
-from elasticft.memckpt.node_dir import NodeDir, list_part
+from elasticft.contract.memory import CHECKSUM_HEADER, NODE_HEADER, RUN_HEADER
+from elasticft.memckpt.chunks import checksum_part
+from elasticft.memckpt.node_dir import NodeDir
 from elasticft.memckpt.replicator import needs_of
 from elasticft.memckpt.server import ShardServer
 from elasticft.memckpt.transfer import TransferError, fetch, push
@@ -114,6 +115,30 @@ def test_an_own_part_is_served_from_the_newest_generation(server, tmp_path):
     assert (tmp_path / "got").read_bytes() == b"new"
 
 
+def get_range(server, path, first, last, node="n9"):
+    host, port = server.address.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("GET", path, headers={RUN_HEADER: RUN, NODE_HEADER: node, "Range": f"bytes={first}-{last}"})
+    response = conn.getresponse()
+    answer = (response.status, response.getheader("Content-Range"), response.read())
+    conn.close()
+    return answer
+
+
+def test_a_byte_range_is_served_alone_and_counted_for_the_node_that_asked(server, tmp_path):
+    data = os.urandom(50_000)
+    folder = server.node_dir.own / "g1" / "iter_0000007"
+    folder.mkdir(parents=True)
+    (folder / "__1_0.distcp").write_bytes(data)
+    assert get_range(server, "/part/b/7/__1_0.distcp", 1000, 1999) == (206, "bytes 1000-1999/50000", data[1000:2000])
+    assert get_range(server, "/part/b/7/__1_0.distcp", 49_999, 49_999, node="n8")[2] == data[-1:]
+    assert server.served() == {"n9": 1000, "n8": 1}
+    for first, last in ((2000, 1999), (0, 50_000)):  # backwards, past the end
+        assert get_range(server, "/part/b/7/__1_0.distcp", first, last)[0] == 416
+    fetch(server.address, RUN, "b", 7, "__1_0.distcp", tmp_path / "whole", zlib.crc32(data), node="n9")
+    assert server.served() == {"n9": 51_000, "n8": 1}
+
+
 def test_needs_come_from_a_real_dcp_metadata(tmp_path):
     plain = tmp_path / "plain"
     plain.mkdir()
@@ -124,6 +149,6 @@ def test_needs_come_from_a_real_dcp_metadata(tmp_path):
     write_metadata(part, 3, tmp_path / "scratch")
     (part / "common.pt").write_bytes(b"c")
     assert needs_of(part) == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "common.pt"]
-    assert list(list_part(part)) == [".metadata", "common.pt"]
+    assert list(checksum_part(part)) == [".metadata", "common.pt"]
     (part / ".metadata").write_bytes(b"torn")
     assert needs_of(part) is None

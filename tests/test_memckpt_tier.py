@@ -8,6 +8,7 @@ we also close its server so nothing can read from it).
 from __future__ import annotations
 
 import logging
+import shutil
 import socket
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from bench.launch import wait_for
 from elasticft.contract.events import EventKind
 from elasticft.contract.memory import LAG_MARKER, PAUSE_MARKER, RESTORE_FILE, RestorePlan, Restorable
 from elasticft.memckpt.index import MemIndex, restorable_iterations
-from tests.memckpt_parts import make_node, shard_name
+from elasticft.worker.ranged_reads import CandidateReader, CorruptRange
+from tests.memckpt_parts import SHARD_BYTES, make_node, shard_name
 
 ITER = 5
 
@@ -79,19 +81,45 @@ def test_each_part_is_published_with_its_replica_holder(cluster, etcd, run_keys,
             assert (held / name).read_bytes() == (own / name).read_bytes()
 
 
-def test_a_lost_nodes_files_come_from_its_replica(cluster, tmp_path):
+def read_whole(node, candidate, name: str) -> bytes:
+    """What a restarting rank of ``node`` reads of ``name`` when its load plan asks for all of it."""
+    plan = plan_of(node)
+    reader = CandidateReader(candidate, plan.run_id, plan.node, timeout=10)
+    try:
+        stream = reader.open(name, [(0, candidate.files[name].size)])
+        with stream:
+            return stream.read()
+    finally:
+        reader.close()
+
+
+def test_a_lost_nodes_files_are_read_from_its_replica_and_only_the_checkpoint_wide_ones_move(cluster, tmp_path):
     nodes = cluster(3)
     save_all(nodes, ITER, tmp_path)
     lose(nodes[1])
+    before = nodes[2].tier.served()
     nodes[0].start_workers({"n0", "n2"}, reached=ITER + 2)
     plan = plan_of(nodes[0])
     assert plan.reached == ITER + 2 and plan.generation == 2
-    assert [(c.iteration, c.ready) for c in plan.candidates] == [(ITER, True)]
-    restored = Path(plan.candidates[0].path)
-    originals = {shard_name(r): nodes[r].tier.node_dir.own_part(ITER) / shard_name(r) for r in range(3)}
-    for name, original in originals.items():
-        assert (restored / name).read_bytes() == original.read_bytes()
-    assert (restored / ".metadata").read_bytes() == (originals[shard_name(0)].parent / ".metadata").read_bytes()
+    assert (plan.node, plan.run_id) == ("n0", nodes[0].tier.keys.run_id)
+    (candidate,) = plan.candidates
+    assert (candidate.iteration, candidate.ready) == (ITER, True)
+    restored = Path(candidate.path)
+    # The checkpoint-wide files are there (n0 wrote them); of the shard files only links of n0's copies:
+    # its own and n2's replica. n1's is read from n2, its only other holder.
+    assert sorted(p.name for p in restored.iterdir()) == sorted(
+        [".metadata", "common.pt", "metadata.json", shard_name(0), shard_name(0) + ".chunks", shard_name(2),
+         shard_name(2) + ".chunks"])
+    files = candidate.files
+    assert sorted(files) == [shard_name(r) for r in range(3)]
+    assert [files[shard_name(r)].local for r in range(3)] == [True, False, True]
+    assert files[shard_name(1)].holders == [["n2", nodes[2].tier.address]]
+    assert nodes[2].tier.served() == before  # preparing moved no shard bytes
+    for rank in range(3):
+        original = nodes[rank].tier.node_dir.own_part(ITER) / shard_name(rank)
+        assert read_whole(nodes[0], candidate, shard_name(rank)) == original.read_bytes()
+    table = len((nodes[2].tier.node_dir.held_part("n1", ITER) / (shard_name(1) + ".chunks")).read_bytes())
+    assert nodes[2].tier.served().get("n0", 0) - before.get("n0", 0) == SHARD_BYTES + table
 
 
 def flip_byte(path: Path) -> None:
@@ -100,25 +128,57 @@ def flip_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_a_corrupt_replica_falls_back_to_the_iteration_before(cluster, tmp_path):
+def test_a_corrupt_range_is_refused_naming_the_file_and_range_and_a_good_copy_elsewhere_is_read(cluster, tmp_path):
     nodes = cluster(3)
     save_all(nodes, ITER, tmp_path)
     save_all(nodes, ITER + 1, tmp_path)
+    flip_byte(nodes[0].tier.node_dir.held_part("n2", ITER + 1) / shard_name(2))  # n0's copy of n2's part
     lose(nodes[1])
-    flip_byte(nodes[2].tier.node_dir.held_part("n1", ITER + 1) / shard_name(1))
+    flip_byte(nodes[2].tier.node_dir.held_part("n1", ITER + 1) / shard_name(1))  # the only live copy of n1's
+    nodes[0].start_workers({"n0", "n2"})
+    newest, before = plan_of(nodes[0]).candidates  # shards are checked where they are read, not here
+    assert [(c.iteration, c.ready) for c in (newest, before)] == [(ITER + 1, True), (ITER, True)]
+    with pytest.raises(CorruptRange) as raised:
+        read_whole(nodes[0], newest, shard_name(1))
+    bad = raised.value
+    assert (bad.file, bad.start, bad.end, bad.iteration) == (shard_name(1), 0, SHARD_BYTES, ITER + 1)
+    assert "checksum mismatch" in bad.why and "n2" in bad.why
+    # n0's own copy of n2's part is corrupt too, but n2 holds an intact one: read from it.
+    original = nodes[2].tier.node_dir.own_part(ITER + 1) / shard_name(2)
+    assert read_whole(nodes[0], newest, shard_name(2)) == original.read_bytes()
+    assert read_whole(nodes[0], before, shard_name(1)) == (
+        nodes[1].tier.node_dir.own_part(ITER) / shard_name(1)).read_bytes()
+
+
+def test_a_checkpoint_wide_file_no_holder_delivers_intact_falls_back_to_the_iteration_before(cluster, tmp_path):
+    nodes = cluster(3)
+    save_all(nodes, ITER, tmp_path)
+    save_all(nodes, ITER + 1, tmp_path)
+    lose(nodes[1])  # the only other holder of n0's part, which holds .metadata
+    flip_byte(nodes[0].tier.node_dir.own_part(ITER + 1) / ".metadata")
     nodes[0].start_workers({"n0", "n2"})
     newest, before = plan_of(nodes[0]).candidates
     assert (newest.iteration, newest.ready) == (ITER + 1, False)
-    assert "checksum" in newest.why and shard_name(1) in newest.why
+    assert "checksum" in newest.why and ".metadata" in newest.why
     assert (before.iteration, before.ready) == (ITER, True)
     assert nodes[0].kinds(EventKind.MEM_CKPT_FALLBACK) == [
         {"iteration": ITER + 1, "why": newest.why, "then": f"iteration {ITER} from memory"}]
 
-    flip_byte(nodes[2].tier.node_dir.held_part("n1", ITER) / shard_name(1))
+    flip_byte(nodes[0].tier.node_dir.own_part(ITER) / ".metadata")
     nodes[0].start_workers({"n0", "n2"})
     assert [c.ready for c in plan_of(nodes[0]).candidates] == [False, False]
     assert nodes[0].kinds(EventKind.MEM_CKPT_FALLBACK)[-1]["then"] == "the newest disk checkpoint"
-    assert not any(nodes[0].tier.node_dir.restore.iterdir())  # nothing half-assembled is left
+    assert not any(nodes[0].tier.node_dir.restore.iterdir())  # nothing half-prepared is left
+
+
+def test_a_copy_gone_from_the_only_node_that_holds_it_leaves_that_iteration_not_ready(cluster, tmp_path):
+    nodes = cluster(3)
+    save_all(nodes, ITER, tmp_path)
+    lose(nodes[1])
+    shutil.rmtree(nodes[2].tier.node_dir.held_part("n1", ITER))  # n2 held n1's only other copy
+    nodes[2].start_workers({"n0", "n2"})
+    (candidate,) = plan_of(nodes[2]).candidates
+    assert not candidate.ready and shard_name(1) in candidate.why and "no other node holds one" in candidate.why
 
 
 def test_an_origin_and_its_only_holder_gone_leave_no_candidate(cluster, tmp_path):

@@ -2,9 +2,9 @@
 
 ``elasticft.memckpt.MemoryTier`` keeps this node's snapshots and other nodes' replicas in
 host memory and serves them to peers. This service connects it to the agent: the
-workers' outbox messages (a snapshot finished, the workers resumed), the membership (who
-is alive, in which failure domain) and every start of the workers (assemble the newest
-iteration the survivors hold, before the workers look for it).
+workers' outbox messages (a snapshot finished, the workers resumed, a memory iteration did
+not load), the membership (who is alive, in which failure domain) and every start of the
+workers (prepare the newest iterations the survivors hold, before the workers look for them).
 
 With the tier off it still reports where the workers resumed from (a ``ckpt_restored``
 event, from the node of global rank 0), and how many iterations they must do again.
@@ -49,6 +49,7 @@ class MemoryService:
             return self
         self.tier.start()
         ckpt.on_outbox(OutboxKind.MEM_SAVED, self._on_saved)
+        ckpt.on_outbox(OutboxKind.MEM_FALLBACK, self._on_fallback)
         log.info("memory checkpoints every %d iteration(s), %d replica(s), budget %.2f GB, served at %s",
                  self.config.mem_ckpt_interval, self.config.mem_ckpt_replicas, self.config.budget_bytes() / 1e9,
                  self.tier.address)
@@ -60,7 +61,7 @@ class MemoryService:
         return {env_name("mem_ckpt_interval"): str(config.mem_ckpt_interval)}
 
     def before_workers_start(self, group_rank: int | None = None) -> dict[str, str]:
-        """Assemble the restore candidates for the workers about to start; their environment.
+        """Prepare the restore candidates for the workers about to start; their environment.
 
         Called before the previous generation's heartbeats are forgotten: they tell how
         far it got, and so how much the next one re-does.
@@ -111,8 +112,19 @@ class MemoryService:
     def _on_saved(self, message: dict) -> None:
         self.tier.on_saved(int(message["iteration"]), str(message["path"]))
 
+    def _on_fallback(self, message: dict) -> None:
+        """Global rank 0: a memory iteration did not load (a range no holder delivered intact, for one)."""
+        fields = {k: message[k] for k in ("iteration", "why", "then", "file", "range") if k in message}
+        self._ctx.record(EventKind.MEM_CKPT_FALLBACK, **fields)
+
     def _on_restored(self, message: dict) -> None:
         iteration = message.get("iteration")
+        read = message.get("read")
+        if read:  # what this node's ranks read of the memory checkpoint, and from where
+            log.info("memory restore: this node's %d rank(s) needed %.1f MB (%.1f MB of it held elsewhere), "
+                     "read %.1f MB here and %.1f MB from other nodes", read.get("ranks", 0),
+                     read.get("needed", 0) / 1e6, read.get("needed_remote", 0) / 1e6, read.get("local", 0) / 1e6,
+                     read.get("fetched", 0) / 1e6)
         rank0 = self._holds_rank0()
         if self.tier is not None:
             self.tier.on_restored(iteration, rank0)

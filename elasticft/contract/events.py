@@ -63,7 +63,9 @@ class EventKind(enum.StrEnum):
     # The workers resumed; iteration (None: from scratch), source (memory, disk or none), path, reached
     # (the highest iteration before the restart, None: unknown), redone (iterations trained again).
     CKPT_RESTORED = "ckpt_restored"
-    # A memory checkpoint could not be used; iteration, why, then (what the restore falls back to).
+    # A memory checkpoint could not be used; iteration, why, then (what the restore falls back to); when a
+    # range of a shard file was read corrupt from every holder, also file and range ([first byte, one past
+    # the last]).
     MEM_CKPT_FALLBACK = "mem_ckpt_fallback"
     # The memory tier paused or went on; paused (bool), used_bytes, budget_bytes, why.
     MEM_CKPT_PAUSED = "mem_ckpt_paused"

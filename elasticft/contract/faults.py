@@ -11,7 +11,7 @@ A comma-separated list of ``KIND:TARGET@ITERATION``:
   dies: its agent and all of its workers are SIGKILLed;
 * ``replica_corrupt:NODE@I`` — at the first start of the workers after iteration I, the
   agent with group rank NODE flips one byte of the newest memory checkpoint replica it
-  holds, before it assembles the restore (memory gone bad at rest);
+  holds, before it prepares the restore (memory gone bad at rest);
 * ``replica_slow:NODE@I`` — from the first start of the workers on, the agent with group
   rank NODE holds every replica file of iteration I or later that a peer pushes to it for
   ``REPLICA_SLOW_SECONDS`` before it stores it (replication slower than the snapshots);

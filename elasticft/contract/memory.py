@@ -6,12 +6,15 @@ node's directory, and global rank 0 also writes the checkpoint-wide files (``.me
 ``common.pt``, ``metadata.json``). A node's share of one iteration is a **part**. The node
 agent owns the node directory (tmpfs: it outlives the workers), checksums each part,
 publishes it to etcd and pushes copies (**replicas**) to other nodes' agents. At a restart
-every agent assembles the newest iteration that the survivors can complete into one
-directory, and the workers load it with ``dist_checkpointing.load`` at the new layout.
+every agent prepares the newest iterations the survivors can complete, one directory each,
+and the workers load one with ``dist_checkpointing.load`` at the new layout: each rank reads
+only the byte ranges its load plan asks for, from this node's copy or from a holder's shard
+server, every chunk checked against the chunk table the origin's agent wrote.
 
     <node dir>/own/g<generation>/iter_0000012/   this node's part, written by its workers
     <node dir>/held/<origin node>/iter_0000012/  replicas of other nodes' parts
-    <node dir>/restore/iter_0000012/             the whole checkpoint, assembled for a restart
+    <node dir>/restore/iter_0000012/             a restart's candidate: the checkpoint-wide files,
+                                                 and hard links of the shard files this node holds
 
 ``<node dir>`` is ``<--eft-mem-ckpt-dir>/<run id>/<node id>``. A worker generation (each
 start of the workers) writes into a fresh ``g<n>``: a snapshot never lands on files of an
@@ -28,6 +31,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
+from urllib.parse import quote
 
 # Files of a torch_dist checkpoint that global rank 0 writes once for the whole checkpoint.
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of every shard
@@ -42,15 +46,33 @@ RESTORE_DIR = "restore"
 OWNER_FILE = "owner.json"
 
 # Run-directory files (beside elasticft.contract.run_dir's).
-RESTORE_FILE = "mem-restore.json"  # agent -> workers: what was assembled for this start
+RESTORE_FILE = "mem-restore.json"  # agent -> workers: the restore candidates of this start
 PAUSE_MARKER = "mem-paused"  # agent -> workers: over budget, take no memory snapshots
 # agent -> workers: take no memory snapshot for now: this node's newest is still being replicated with
 # another queued behind it, or it has taken more than --eft-mem-ckpt-max-lag snapshots since the newest
 # restorable iteration (``elasticft.memckpt.lag``)
 LAG_MARKER = "mem-replicating"
 
+# Beside each shard file of a part: ``<file>.items`` (worker -> agent: the byte ranges of its storage
+# items, never published) and ``<file>.chunks`` (the agent's ``ChunkTable``, published and replicated
+# with the part, so the index's crc of the table checks the table and the table checks each chunk).
+ITEMS_SUFFIX = ".items"
+CHUNKS_SUFFIX = ".chunks"
+
 CHECKSUM_HEADER = "X-EFT-CRC32"
 RUN_HEADER = "X-EFT-Run"  # a request naming another run is refused
+NODE_HEADER = "X-EFT-Node"  # the requesting node: shard servers count the bytes they serve to each
+
+
+def part_url(origin: str, iteration: int, name: str, kind: str = "part") -> str:
+    """A shard server's path for ``origin``'s file ``name`` of ``iteration``: ``GET /part/...``
+    (optionally with ``Range: bytes=A-B``), ``PUT /held/...``."""
+    return f"/{kind}/{quote(origin, safe='')}/{iteration}/{quote(name, safe='')}"
+
+
+def is_shard_file(name: str) -> bool:
+    """A file a rank's load reads by byte ranges: not a checkpoint-wide file, not a table or layout."""
+    return name not in GLOBAL_FILES and not name.endswith((ITEMS_SUFFIX, CHUNKS_SUFFIX, ".tmp"))
 
 
 def generation_dir(generation: int) -> str:
@@ -196,13 +218,72 @@ class Restorable:
 
 
 @dataclass
+class ChunkTable:
+    """``<file>.chunks``: a shard file's size and the crc32 of each of its chunks, in file order.
+
+    The chunks tile the file; their edges are the file's storage items' edges where the worker
+    named them (``<file>.items``), items larger than a few MiB split further, so a rank that reads
+    an item reads exactly its chunks; else a fixed grid.
+    """
+
+    file: str
+    size: int
+    chunks: list[list[int]]  # [offset, length, crc32]
+
+    def to_json(self) -> str:
+        return json.dumps({"file": self.file, "size": self.size, "chunks": self.chunks}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> ChunkTable:
+        data = json.loads(raw)
+        table = cls(str(data["file"]), int(data["size"]), [[int(v) for v in c] for c in data["chunks"]])
+        end = 0
+        for offset, length, _ in table.chunks:
+            if offset != end or length <= 0:
+                raise ValueError(f"chunk table of {table.file}: the chunks do not tile the file at byte {end}")
+            end += length
+        if end != table.size:
+            raise ValueError(f"chunk table of {table.file}: the chunks end at {end}, the file at {table.size}")
+        return table
+
+
+@dataclass
+class RangedFile:
+    """Where a rank reads one shard file of a restore candidate, by byte ranges.
+
+    ``local``: this node holds a copy, linked into the candidate's directory under the same name
+    (read first); ``holders``: [node, host:port] of the other alive nodes that hold one, in the
+    order to try; ``chunks``: [size, crc32] of its chunk table (``<name>.chunks``, beside the file
+    wherever it is held), None when the origin published none: the file is then one chunk, checked
+    against ``crc``.
+    """
+
+    name: str
+    origin: str
+    size: int
+    crc: int
+    holders: list[list[str]] = field(default_factory=list)
+    local: bool = False
+    chunks: list[int] | None = None
+
+
+@dataclass
 class RestoreCandidate:
-    """One iteration the agent assembled (or tried to) for the workers' next start."""
+    """One iteration the agent prepared (or tried to) for the workers' next start."""
 
     iteration: int
-    path: str  # the assembled directory ("" when assembly failed)
+    path: str  # the candidate's directory ("" when it could not be prepared)
     ready: bool
     why: str = ""  # why it is not ready
+    # The shard files, read by byte ranges (empty: every file is in ``path``, read as it is).
+    files: dict[str, RangedFile] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RestoreCandidate:
+        known = RangedFile.__dataclass_fields__  # a newer agent's fields are not this worker's business
+        files = {name: RangedFile(**{k: v for k, v in f.items() if k in known})
+                 for name, f in (data.get("files") or {}).items()}
+        return cls(int(data["iteration"]), data["path"], bool(data["ready"]), data.get("why", ""), files)
 
 
 @dataclass
@@ -216,6 +297,8 @@ class RestorePlan:
     candidates: list[RestoreCandidate]
     generation: int
     reached: int | None = None  # the highest iteration the previous generation reported
+    run_id: str = ""  # the run header of the ranks' range requests
+    node: str = ""  # this node: the ranks name it to the shard servers they read from
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -223,6 +306,7 @@ class RestorePlan:
     @classmethod
     def from_json(cls, raw: str | bytes) -> RestorePlan:
         data = json.loads(raw)
-        return cls(candidates=[RestoreCandidate(**c) for c in data.get("candidates", [])],
-                   generation=int(data.get("generation", 0)), reached=data.get("reached"))
+        return cls(candidates=[RestoreCandidate.from_dict(c) for c in data.get("candidates", [])],
+                   generation=int(data.get("generation", 0)), reached=data.get("reached"),
+                   run_id=str(data.get("run_id", "")), node=str(data.get("node", "")))
 

@@ -47,6 +47,9 @@ class OutboxKind(enum.StrEnum):
     FILTERED = "filtered"  # the gap rule skipped a risk request: request_id, iteration, why
     MEM_SAVED = "mem_saved"  # local rank 0: every rank finished the memory snapshot of iteration; path
     RESTORED = "restored"  # local rank 0: the workers resumed; iteration (None: from scratch), source, path
+    # global rank 0: a memory checkpoint did not load; iteration, why, then, and for a range no holder could
+    # deliver intact, file and range ([first byte, one past the last])
+    MEM_FALLBACK = "mem_fallback"
     NUMERICS = "numerics"  # a verdict of the numbers check: event (an EventKind), and its fields
 
 

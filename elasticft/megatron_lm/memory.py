@@ -8,9 +8,10 @@ written, and gives the state to the memory tier (``elasticft.worker.memory``), w
 it off the training tensors and writes it to the node's tmpfs on a thread.
 
 A restart loads it with Megatron's own ``load_checkpoint``, pointed at the iteration the node
-agents assembled (``--load`` the assembly directory and ``--ckpt-step`` its iteration, for
+agents prepared (``--load`` the candidate's directory and ``--ckpt-step`` its iteration, for
 the call), so Megatron reshards it to the new layout and restores everything it restores
-from a disk checkpoint. The newer of memory and disk (``--load``'s tracker, and Megatron's
+from a disk checkpoint; its torch_dist reader reads only each rank's byte ranges
+(``elasticft.worker.ranged_reads``). The newer of memory and disk (``--load``'s tracker, and Megatron's
 non-persistent checkpoints) wins; a memory checkpoint that does not load falls back to the
 next older one, then to Megatron's own load.
 """

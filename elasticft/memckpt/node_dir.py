@@ -2,8 +2,9 @@
 
 The layout is the contract's (``elasticft.contract.memory``): ``own/g<n>/iter_K`` holds what
 this node's workers wrote, ``held/<origin>/iter_K`` the replicas of other nodes' parts, and
-``restore/iter_K`` what the last restart assembled. Everything lives on tmpfs, so every byte
-kept is host memory taken from training: pruning keeps only what a restart can still use.
+``restore/iter_K`` what the last restart prepared (the checkpoint-wide files, links of the
+shard files held here). Everything lives on tmpfs, so every byte kept is host memory taken
+from training: pruning keeps only what a restart can still use.
 """
 
 from __future__ import annotations
@@ -41,15 +42,6 @@ def crc32_of(path: Path) -> int:
         while chunk := f.read(CHUNK):
             crc = zlib.crc32(chunk, crc)
     return crc
-
-
-def list_part(path: Path) -> dict[str, list[int]]:
-    """``{name: [size, crc32]}`` of the files of a part directory (temporary files excluded)."""
-    out = {}
-    for entry in sorted(os.scandir(path), key=lambda e: e.name):
-        if entry.is_file(follow_symlinks=False) and not entry.name.endswith(".tmp"):
-            out[entry.name] = [entry.stat().st_size, crc32_of(Path(entry.path))]
-    return out
 
 
 def _iterations(parent: Path) -> dict[int, Path]:

@@ -29,9 +29,10 @@ from typing import Callable
 
 from elasticft.contract.memory import DCP_METADATA, GLOBAL_FILES, MemPart
 from elasticft.memckpt.budget import PauseGate
+from elasticft.memckpt.chunks import checksum_part
 from elasticft.memckpt.index import MemIndex
 from elasticft.memckpt.lag import LagGate
-from elasticft.memckpt.node_dir import NodeDir, list_part
+from elasticft.memckpt.node_dir import NodeDir
 from elasticft.memckpt.placement import replica_holders
 from elasticft.memckpt.restorable import RestorableView
 from elasticft.memckpt.transfer import TransferError, push
@@ -203,7 +204,7 @@ class Replicator:
                 log.warning("memory tier on %s: %s failed: %s", self.node_id, job, exc)
 
     def _replicate(self, job: _Saved) -> None:
-        files = list_part(job.path)
+        files = checksum_part(job.path)  # and each shard file's chunk table, written beside it
         if not files:
             # Normal with data parallelism: only one replica of each shard is written.
             log.debug("memory checkpoint %d: %s holds no files; not published", job.iteration, job.path)

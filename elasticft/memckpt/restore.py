@@ -1,12 +1,16 @@
-"""Assembling a memory checkpoint for a restart: every file of an iteration in one directory.
+"""Preparing a memory checkpoint for a restart: where each file of an iteration can be read.
 
-Before the workers start, each agent builds ``restore/iter_K`` for the newest iterations the
+Before the workers start, each agent prepares ``restore/iter_K`` for the newest iterations the
 survivors can complete (two that are ready, so that one that does not load still leaves a choice;
-one it could not build is removed and the next older one tried).
-A file this node holds is checked against the index's crc32 and hard-linked (same tmpfs: no
-copy); any other file is fetched from an alive holder, trying each in turn. A file no holder
-can deliver intact makes that candidate not ready; the workers then take the next one, or
-the newest disk checkpoint, and the event log says which and why.
+one it could not prepare is removed and the next older one tried). Only the checkpoint-wide
+files (``.metadata``, ``common.pt``, ``metadata.json``: every rank reads them whole) are placed
+there: a hard link of this node's copy or a download from an alive holder, either checked
+against the index's crc32. A shard file is not moved at all: the candidate names where each one
+can be read (this node's copy, hard-linked into the directory so that no pruning removes it
+mid-load, then the other alive holders), its size, crc and chunk table, and each rank reads
+only the byte ranges its load plan needs (``elasticft.worker.ranged_reads``), every chunk checked.
+A checkpoint-wide file no holder can deliver intact makes that candidate not ready; the workers
+then take the next one, or the newest disk checkpoint, and the event log says which and why.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
 from elasticft.contract.events import EventKind
-from elasticft.contract.memory import RestoreCandidate
+from elasticft.contract.memory import CHUNKS_SUFFIX, MemPart, RangedFile, RestoreCandidate, is_shard_file
 from elasticft.memckpt.index import CompleteIteration, FileSource
 from elasticft.memckpt.node_dir import NodeDir, crc32_of, iter_name
 from elasticft.memckpt.transfer import TransferError, fetch
@@ -58,24 +63,51 @@ def _place(node_dir: NodeDir, node_id: str, run_id: str, iteration: int, src: Fi
         if holder == node_id:
             continue
         try:
-            fetch(address, run_id, src.origin, iteration, src.name, dest, src.crc, timeout)
+            fetch(address, run_id, src.origin, iteration, src.name, dest, src.crc, timeout, node=node_id)
             return
         except TransferError as exc:
             tried.append(f"{holder}: {exc}")
     raise _Failed(f"{src.name} of {src.origin}: " + ("; ".join(tried) or "no alive holder"))
 
 
-def assemble(node_dir: NodeDir, node_id: str, run_id: str, complete: CompleteIteration,
-             timeout: float = 60.0) -> RestoreCandidate:
-    """Build ``restore/iter_K`` for one complete iteration; never raises (a failure is a not-ready candidate)."""
+def _ranged(node_dir: NodeDir, node_id: str, iteration: int, src: FileSource, part: MemPart | None,
+            dest: Path) -> RangedFile:
+    """Where the ranks read a shard file: this node's copy (linked into ``dest`` with its chunk table),
+    then the other holders, starting at a different one for each reading node (the load spreads)."""
+    chunks = part.files.get(src.name + CHUNKS_SUFFIX) if part is not None else None
+    others = [[h, a] for h, a in src.holders if h != node_id]
+    turn = zlib.crc32(f"{node_id}/{src.name}".encode()) % len(others) if others else 0
+    entry = RangedFile(src.name, src.origin, src.size, src.crc, others[turn:] + others[:turn],
+                       chunks=list(chunks) if chunks else None)
+    local = _local_copy(node_dir, node_id, iteration, src) if any(h == node_id for h, _ in src.holders) else None
+    # A copy pruned meanwhile, or never received, is read from the holders; so is a missing table.
+    names = [src.name, src.name + CHUNKS_SUFFIX] if chunks else [src.name]
+    for name in names if local is not None else []:
+        try:
+            os.link(local.with_name(name), dest / name)
+        except OSError as exc:
+            log.warning("memory checkpoint %d: this node's copy of %s is not usable (%s): reading it from "
+                        "its holders", iteration, name, exc.strerror or exc)
+            break
+        entry.local = True
+    if not entry.local and not entry.holders:
+        raise _Failed(f"{src.name} of {src.origin}: this node's copy is not usable and no other node holds one")
+    return entry
+
+
+def prepare(node_dir: NodeDir, node_id: str, run_id: str, complete: CompleteIteration,
+            parts: dict[tuple[str, int], MemPart] | None = None, timeout: float = 60.0) -> RestoreCandidate:
+    """Prepare ``restore/iter_K`` for one complete iteration; never raises (a failure is a not-ready candidate).
+
+    ``parts`` ((origin, iteration) -> its index entry) name each shard file's chunk table."""
     dest = node_dir.restore / iter_name(complete.iteration)
     try:
         dest.mkdir(parents=True)
-        sources = list(complete.files.values())
-        with ThreadPoolExecutor(max_workers=max(1, min(FETCH_THREADS, len(sources))),
+        whole = [s for s in complete.files.values() if not is_shard_file(s.name)]
+        with ThreadPoolExecutor(max_workers=max(1, min(FETCH_THREADS, len(whole))),
                                 thread_name_prefix="eft-mem-fetch") as pool:
             futures = [pool.submit(_place, node_dir, node_id, run_id, complete.iteration, s, dest / s.name, timeout)
-                       for s in sources]
+                       for s in whole]
             errors = []
             for future in futures:
                 try:
@@ -84,21 +116,26 @@ def assemble(node_dir: NodeDir, node_id: str, run_id: str, complete: CompleteIte
                     errors.append(str(exc))
         if errors:
             raise _Failed("; ".join(errors))
+        files = {s.name: _ranged(node_dir, node_id, complete.iteration, s,
+                                 (parts or {}).get((s.origin, complete.iteration)), dest)
+                 for s in complete.files.values() if is_shard_file(s.name)}
     except (_Failed, OSError) as exc:
         shutil.rmtree(dest, ignore_errors=True)
         return RestoreCandidate(complete.iteration, "", False, str(exc))
-    return RestoreCandidate(complete.iteration, str(dest), True)
+    return RestoreCandidate(complete.iteration, str(dest), True, files=files)
 
 
-def assemble_candidates(node_dir: NodeDir, node_id: str, run_id: str, complete: list[CompleteIteration],
-                        record: Callable[..., None], timeout: float = 60.0) -> list[RestoreCandidate]:
-    """Assemble complete iterations, newest first, until MAX_CANDIDATES are ready; record a fallback for
+def prepare_candidates(node_dir: NodeDir, node_id: str, run_id: str, complete: list[CompleteIteration],
+                       record: Callable[..., None], timeout: float = 60.0,
+                       parts: list[MemPart] | None = None) -> list[RestoreCandidate]:
+    """Prepare complete iterations, newest first, until MAX_CANDIDATES are ready; record a fallback for
     each that failed (the older restorable one a node kept is then still tried)."""
+    by_key = {(p.node, p.iteration): p for p in parts or []}
     candidates: list[RestoreCandidate] = []
     for c in complete:
         if sum(candidate.ready for candidate in candidates) >= MAX_CANDIDATES:
             break
-        candidates.append(assemble(node_dir, node_id, run_id, c, timeout))
+        candidates.append(prepare(node_dir, node_id, run_id, c, by_key, timeout))
     for i, candidate in enumerate(candidates):
         if candidate.ready:
             continue

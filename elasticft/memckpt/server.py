@@ -4,19 +4,24 @@ Two requests only, both under the run's header (a request for another run, e.g. 
 agent of a previous job on the same port, is refused with 403):
 
 * ``GET /part/<origin>/<iteration>/<name>``: a file of this node's own part (origin == this
-  node; the newest generation that wrote the iteration) or of a replica it holds;
+  node; the newest generation that wrote the iteration) or of a replica it holds; whole (with
+  its crc32 as it is now), or one byte range (``Range: bytes=A-B``, 206): what a restarting
+  rank reads, checked by the rank against the part's chunk table;
 * ``PUT /held/<origin>/<iteration>/<name>``: a replica file, with Content-Length and the crc32
   header. It is streamed to a tmp name, verified, then renamed: a half-received or corrupt
   file never carries the final name (400 on a mismatch, and nothing is left behind).
 
 Every path component from the request must be one plain name (``safe_component``): nothing
 may reach outside the node directory. Failures are logged as one line, never a traceback.
+The server counts the bytes it serves to each requesting node (``NODE_HEADER``): what a
+restore costs the network, per node.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -25,10 +30,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 from urllib.parse import unquote
 
-from elasticft.contract.memory import CHECKSUM_HEADER, RUN_HEADER
+from elasticft.contract.memory import CHECKSUM_HEADER, NODE_HEADER, RUN_HEADER
 from elasticft.memckpt.node_dir import CHUNK, NodeDir, crc32_of, safe_component
 
 log = logging.getLogger(__name__)
+
+_RANGE = re.compile(r"^bytes=(\d+)-(\d+)$")  # one range, both ends given: all a reader asks for
 
 
 class _Refused(Exception):
@@ -98,14 +105,29 @@ class _Handler(BaseHTTPRequestHandler):
         path = part / name if part is not None else None
         if path is None or not path.is_file():
             raise _Refused(404, f"no {name} of {origin} iteration {iteration} here")
-        crc = crc32_of(path)  # of the bytes as they are now; the reader checks them against the index
+        wanted = self.headers.get("Range")
         with open(path, "rb") as f:
-            self.send_response(200)
-            self.send_header("Content-Length", str(os.fstat(f.fileno()).st_size))
-            self.send_header(CHECKSUM_HEADER, str(crc))
+            size = os.fstat(f.fileno()).st_size
+            if wanted is None:
+                start, left = 0, size
+                self.send_response(200)
+                # of the bytes as they are now; the reader checks them against the index
+                self.send_header(CHECKSUM_HEADER, str(crc32_of(path)))
+            else:
+                match = _RANGE.match(wanted.strip())
+                if match is None or not int(match[1]) <= int(match[2]) < size:
+                    raise _Refused(416, f"range {wanted!r} of {name} ({size} bytes)")
+                start, left = int(match[1]), int(match[2]) - int(match[1]) + 1
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start}-{start + left - 1}/{size}")
+            self.send_header("Content-Length", str(left))
             self.end_headers()
-            while chunk := f.read(CHUNK):
+            f.seek(start)
+            while left > 0 and (chunk := f.read(min(CHUNK, left))):
+                # counted before it goes: a reader that has the bytes finds them counted
+                owner.count(self.headers.get(NODE_HEADER, ""), len(chunk))
                 self.wfile.write(chunk)
+                left -= len(chunk)
 
     def _put(self) -> None:
         owner = self.server.owner
@@ -160,6 +182,17 @@ class ShardServer:
         self._server.owner = self
         self.address = f"{host}:{self._server.server_address[1]}"
         self._thread: threading.Thread | None = None
+        self._served: dict[str, int] = {}  # requesting node ("" unnamed) -> bytes served to it
+        self._served_lock = threading.Lock()
+
+    def count(self, node: str, nbytes: int) -> None:
+        with self._served_lock:
+            self._served[node] = self._served.get(node, 0) + nbytes
+
+    def served(self) -> dict[str, int]:
+        """Bytes of part files served so far, per requesting node."""
+        with self._served_lock:
+            return dict(self._served)
 
     def hold(self, iteration: int) -> None:
         """An injected slow link (``--eft-inject replica_slow``): hold a received replica file a while."""

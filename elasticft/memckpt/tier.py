@@ -4,8 +4,9 @@ The agent calls ``start`` once, ``set_members`` on every membership change, ``pr
 before every start of its workers, ``on_saved`` and ``on_restored`` when local rank 0's outbox
 says so, and ``close`` at the end. Everything slow (checksums, pushes to peers) happens on
 the tier's own thread or the shard server's; ``prepare_start`` is the one call that waits
-(the workers cannot start before their checkpoint is assembled) and it never raises for a
-peer's failure: a candidate it could not build is marked not ready and the event log says why.
+(the workers cannot start before their restore candidates are prepared) and it never raises
+for a peer's failure: a candidate it could not prepare is marked not ready and the event log
+says why.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from elasticft.memckpt.lag import LagGate
 from elasticft.memckpt.node_dir import NodeDir
 from elasticft.memckpt.reclaim import claim, reclaim_and_say, remove_run_dir_if_empty
 from elasticft.memckpt.replicator import Replicator
-from elasticft.memckpt.restore import assemble_candidates
+from elasticft.memckpt.restore import prepare_candidates
 from elasticft.memckpt.server import ShardServer
 from elasticft.store import EtcdClient, StoreError
 from elasticft.store.keyset import KeySet
@@ -93,6 +94,10 @@ class MemoryTier:
     def slow_replicas(self, slow: tuple[int, float] | None) -> None:
         if self._server is not None:
             self._server.slow = slow
+
+    def served(self) -> dict[str, int]:
+        """Bytes this node's shard server served so far, per requesting node (what restores cost the network)."""
+        return self._server.served() if self._server is not None else {}
 
     @property
     def restorable_seen(self) -> int | None:
@@ -170,9 +175,10 @@ class MemoryTier:
                 parts = []
             complete = complete_iterations(parts, set(alive))
             self._report_lost_share(parts, set(alive), complete[0].iteration if complete else None)
-            candidates = assemble_candidates(self.node_dir, self.node_id, self.keys.run_id, complete, self.record,
-                                             self.timeout)
-        plan = RestorePlan(candidates=candidates, generation=generation, reached=reached)
+            candidates = prepare_candidates(self.node_dir, self.node_id, self.keys.run_id, complete, self.record,
+                                            self.timeout, parts)
+        plan = RestorePlan(candidates=candidates, generation=generation, reached=reached, run_id=self.keys.run_id,
+                           node=self.node_id)
         write_atomically(self.run_dir / RESTORE_FILE, plan.to_json())
         return {WorkerEnv.MEM_DIR.value: str(own)}
 

@@ -13,9 +13,8 @@ import os
 import uuid
 import zlib
 from pathlib import Path
-from urllib.parse import quote
 
-from elasticft.contract.memory import CHECKSUM_HEADER, RUN_HEADER
+from elasticft.contract.memory import CHECKSUM_HEADER, NODE_HEADER, RUN_HEADER, part_url
 from elasticft.memckpt.node_dir import CHUNK, crc32_of
 
 
@@ -30,21 +29,18 @@ def _connection(address: str, timeout: float) -> http.client.HTTPConnection:
     return http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout, blocksize=CHUNK)
 
 
-def _url(kind: str, origin: str, iteration: int, name: str) -> str:
-    return f"/{kind}/{quote(origin, safe='')}/{iteration}/{quote(name, safe='')}"
-
-
 def fetch(address: str, run_id: str, origin: str, iteration: int, name: str, dest: Path, crc: int,
-          timeout: float = 60.0) -> None:
+          timeout: float = 60.0, node: str = "") -> None:
     """Download ``origin``'s file ``name`` of ``iteration`` from ``address`` into ``dest``.
 
-    ``dest`` appears only complete and verified (written to a tmp name, then renamed).
+    ``dest`` appears only complete and verified (written to a tmp name, then renamed). ``node``
+    (this node) is named to the server, which counts what it serves to each.
     """
     what = f"{name} of {origin} iteration {iteration} from {address}"
     tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
     conn = _connection(address, timeout)
     try:
-        conn.request("GET", _url("part", origin, iteration, name), headers={RUN_HEADER: run_id})
+        conn.request("GET", part_url(origin, iteration, name), headers={RUN_HEADER: run_id, NODE_HEADER: node})
         response = conn.getresponse()
         if response.status != 200:
             raise TransferError(f"{what}: HTTP {response.status} {response.read(200).decode(errors='replace')}")
@@ -77,7 +73,7 @@ def push(address: str, run_id: str, origin: str, iteration: int, src: Path, crc:
         with open(src, "rb") as body:
             headers = {RUN_HEADER: run_id, CHECKSUM_HEADER: str(crc),
                        "Content-Length": str(os.fstat(body.fileno()).st_size)}
-            conn.request("PUT", _url("held", origin, iteration, src.name), body=body, headers=headers)
+            conn.request("PUT", part_url(origin, iteration, src.name, kind="held"), body=body, headers=headers)
             response = conn.getresponse()
             answer = response.read(200).decode(errors="replace")
         if response.status != 200:

@@ -20,17 +20,19 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from elasticft.config import MemoryConfig, from_env
 from elasticft.contract.checkpoints import iter_dir_name
-from elasticft.contract.memory import LAG_MARKER, PAUSE_MARKER, RESTORE_FILE, RestorePlan
+from elasticft.contract.memory import LAG_MARKER, PAUSE_MARKER, RESTORE_FILE, RestoreCandidate, RestorePlan
 from elasticft.contract.run_dir import OutboxKind, WorkerEnv
 from elasticft.worker import phases
+from elasticft.worker.ranged_reads import ReadCounts, corrupt_ranges, ranged_reads
 from elasticft.worker.relay import Outbox
 from elasticft.worker.snapshot import (
     HostCopier,
@@ -118,7 +120,7 @@ class MemoryCheckpoints:
             began = time.perf_counter()
             path = Path(self.dir) / iter_dir_name(iteration)
             self._pending = Snapshot.start(iteration, path, state_fn(), self._copier, self._strategy,
-                                           validate=not self._validated)
+                                           validate=not self._validated, record_items=True)
             self._validated = True
             self.hook.stalled("memory", time.perf_counter() - began)
 
@@ -157,34 +159,66 @@ class MemoryCheckpoints:
 
         ``load_fn(path, iteration)`` loads a torch_dist checkpoint (every rank fails or
         none, as torch_dist does); ``checkpoints`` is the disk's ``CheckpointDir`` (or
-        None). A memory iteration is used only if every rank's agent assembled it; if
-        loading it fails, the next older one, then the disk's newest complete checkpoint.
+        None). A memory iteration is used only if every rank's agent prepared it; each rank
+        reads only the byte ranges its load plan needs (``ranged_reads``). If loading it
+        fails (a range no holder delivers intact, for one), the next older one, then the
+        disk's newest complete checkpoint.
         """
         plan = self._plan()
         disk = checkpoints.complete_iterations() if checkpoints is not None else []
         newest_disk = disk[0] if disk else None
-        restored = None
-        for iteration, path in self._agreed_candidates(plan):
+        restored, counts = None, None
+        agreed = self._agreed_candidates(plan)
+        for i, (iteration, candidate) in enumerate(agreed):
             if newest_disk is not None and iteration < newest_disk:
                 log.warning("memory checkpoint %d is older than disk checkpoint %d: loading from disk",
                             iteration, newest_disk)
                 break
             try:
-                restored = Restored(iteration, "memory", path, load_fn(path, iteration))
+                with ranged_reads(candidate, plan.run_id, plan.node) as reader:
+                    restored = Restored(iteration, "memory", candidate.path, load_fn(candidate.path, iteration))
+                counts = reader.counts if reader is not None else ReadCounts()
                 break
-            except Exception as exc:  # noqa: BLE001 - every rank fails alike (torch_dist agrees)
-                log.warning("memory checkpoint %d at %s does not load (%s): trying the next", iteration, path, exc)
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001 - every rank fails alike (torch_dist agrees)
+                later = next((k for k, _ in agreed[i + 1:] if newest_disk is None or k >= newest_disk), None)
+                then = (f"iteration {later} from memory" if later is not None else
+                        "the newest disk checkpoint" if newest_disk is not None else "a start from scratch")
+                self._fell_back(iteration, exc, then)
         if restored is None and checkpoints is not None:
             iteration, result = checkpoints.load_latest(load_fn)
             if iteration is not None:
                 restored = Restored(iteration, "disk", str(checkpoints.dir_of(iteration)), result)
         restored = restored or Restored(None, "none")
         phases.loaded(restored.source, restored.path)  # eft report: the load phase ends here
+        read = self._node_counts(plan, counts) if restored.source == "memory" else None
         if self._reporter:
             self._outbox.send({"type": OutboxKind.RESTORED, "iteration": restored.iteration,
                                "source": restored.source, "path": restored.path,
-                               "reached": plan.reached if plan else None})
+                               "reached": plan.reached if plan else None, "read": read})
         return restored
+
+    def _fell_back(self, iteration: int, exc: BaseException, then: str) -> None:
+        """A memory iteration did not load (on every rank alike): say why, once for the job (global rank 0)."""
+        corrupt = corrupt_ranges(exc)
+        why = "; ".join(str(c) for c in corrupt) or (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+        log.warning("memory checkpoint %d does not load (%s): falling back to %s", iteration, why, then)
+        if not self._reporter or dist.get_rank() != 0:
+            return
+        for c in corrupt or [None]:
+            message = {"type": OutboxKind.MEM_FALLBACK, "iteration": iteration, "then": then,
+                       "why": c.why if c is not None else why}
+            if c is not None:
+                message.update(why=f"{c.file} bytes {c.start}-{c.end - 1}: {c.why}", file=c.file,
+                               range=[c.start, c.end])
+            self._outbox.send(message)
+
+    def _node_counts(self, plan: RestorePlan | None, counts: ReadCounts | None) -> dict | None:
+        """This node's ranks' read counts, summed (one collective, on every rank, after a memory restore)."""
+        node = plan.node if plan else ""
+        everyone: list = [None] * dist.get_world_size(self.hook.group)
+        dist.all_gather_object(everyone, (node, asdict(counts or ReadCounts())), group=self.hook.group)
+        mine = [c for n, c in everyone if n == node]
+        return {key: sum(c[key] for c in mine) for key in asdict(ReadCounts())} | {"ranks": len(mine)}
 
     def _plan(self) -> RestorePlan | None:
         if self.inert:
@@ -197,11 +231,11 @@ class MemoryCheckpoints:
             log.warning("unreadable %s (%s): no memory restore", RESTORE_FILE, exc)
             return None
 
-    def _agreed_candidates(self, plan: RestorePlan | None) -> list[tuple[int, str]]:
+    def _agreed_candidates(self, plan: RestorePlan | None) -> list[tuple[int, RestoreCandidate]]:
         """The memory iterations every rank's agent has ready, newest first (one collective)."""
         if self.inert:
             return []  # the same on every rank: no collective
-        mine = {c.iteration: c.path for c in (plan.candidates if plan else []) if c.ready}
+        mine = {c.iteration: c for c in (plan.candidates if plan else []) if c.ready}
         everyone: list = [None] * dist.get_world_size(self.hook.group)
         dist.all_gather_object(everyone, sorted(mine), group=self.hook.group)
         common = set(mine).intersection(*map(set, everyone))

@@ -21,6 +21,7 @@ import contextlib
 import copy
 import functools
 import inspect
+import json
 import logging
 import queue
 import threading
@@ -30,6 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from elasticft.contract.memory import ITEMS_SUFFIX
+from elasticft.contract.run_dir import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +147,11 @@ class Snapshot:
     write is; ``finalize`` must run on every rank at the same point (it is a collective).
     """
 
-    def __init__(self, iteration: int, path: Path, request, started: float, stall: float, nbytes: int):
+    def __init__(self, iteration: int, path: Path, request, started: float, stall: float, nbytes: int,
+                 record_items: bool = False):
         self.iteration = iteration
         self.path = path
+        self._items_dir = path if record_items else None
         self.stall = stall  # seconds the training loop waited: copy + plan
         self.bytes = nbytes
         self._request = request
@@ -156,7 +162,8 @@ class Snapshot:
 
     @classmethod
     def start(cls, iteration: int, path: Path, state: dict | SaveRequest, copier: HostCopier, strategy,
-              validate: bool) -> Snapshot:
+              validate: bool, record_items: bool = False) -> Snapshot:
+        """``record_items``: write down where each storage item lies in each file (``write_in_this_thread``)."""
         from megatron.core import dist_checkpointing
 
         started = time.perf_counter()
@@ -167,12 +174,12 @@ class Snapshot:
             request = dist_checkpointing.save(host_state, str(path), sharded_strategy=strategy,
                                               validate_access_integrity=validate, async_sharded_save=True,
                                               **_in_process_writer(), **request.options)
-        return cls(iteration, path, request, started, time.perf_counter() - started, copier.bytes)
+        return cls(iteration, path, request, started, time.perf_counter() - started, copier.bytes, record_items)
 
     def _write(self) -> None:
         try:
             if self._request.async_fn is not None:  # None: nothing of this rank's to write
-                write_in_this_thread(self._request)
+                write_in_this_thread(self._request, self._items_dir)
         except BaseException as exc:  # noqa: BLE001 - reported through the vote, raised by nobody
             self._error = exc
             log.warning("memory snapshot of iteration %d failed on this rank: %s", self.iteration, exc)
@@ -226,7 +233,7 @@ def _in_process_writer() -> dict:
         else {}
 
 
-def write_in_this_thread(request) -> None:
+def write_in_this_thread(request, items_dir: Path | None = None) -> None:
     """Run an ``AsyncRequest``'s write on the calling thread, without the process megatron forks.
 
     megatron-core's write function forks a process per file. From a training process that
@@ -236,6 +243,10 @@ def write_in_this_thread(request) -> None:
     are already private host copies, so the same per-file writer runs here instead, and
     its results reach the queue the finalization reads in the shape the forking function
     gives them. Any other write function (a megatron-core that changed) runs as it is.
+
+    With ``items_dir``, each file's storage items' byte ranges go beside it as ``<file>.items``:
+    the node agent then checks the file in chunks whose edges are the items' (a restarting rank
+    reads whole items, so it reads exactly its items' chunks; ``elasticft.memckpt.chunks``).
     """
     from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
 
@@ -265,7 +276,21 @@ def write_in_this_thread(request) -> None:
             results = written
             break
         results[index] = written
+    if items_dir is not None and isinstance(results, dict):
+        write_item_layouts(items_dir, [r for written in results.values() for r in written])
     results_queue.put(results)
+
+
+def write_item_layouts(folder: Path, write_results) -> None:
+    """``<file>.items`` for each file the write results name: ``{"items": [[offset, length], ...]}``."""
+    from elasticft import torch_seam
+
+    items: dict[str, list[list[int]]] = {}
+    for result in write_results:
+        name, offset, length = torch_seam.storage_location(result.storage_data)
+        items.setdefault(name, []).append([offset, length])
+    for name, ranges in items.items():
+        write_atomically(folder / (name + ITEMS_SUFFIX), json.dumps({"items": sorted(ranges)}))
 
 
 def save_strategy():
