@@ -18,20 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-import uuid
-import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import ROOT, table  # noqa: E402  (also puts the repo on sys.path)
+from mem_nodes import Nodes  # noqa: E402
 
 BASELINE_REV = "792bca3"  # the last tree with one etcd key per part (issue 33, item 2 replaced it)
 KV = ("Range", "Put", "Txn", "DeleteRange")
@@ -66,77 +64,20 @@ def settle(endpoint: str, quiet: float = 0.3, limit: float = 30.0) -> None:
             last, since = now, time.monotonic()
 
 
-def write_part(folder: Path, rank: int, world: int, kb: int, scratch: Path) -> None:
-    """What one node's workers leave for one snapshot: a shard file; on rank 0 the global files too."""
-    folder.mkdir(parents=True)
-    (folder / f"__{rank}_0.distcp").write_bytes(os.urandom(kb * 1024))
-    if rank == 0:
-        import pickle
-
-        import torch
-        import torch.distributed.checkpoint as dcp
-
-        scratch.mkdir(parents=True, exist_ok=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.save({f"w{r}": torch.zeros(1) for r in range(world)},
-                     storage_writer=dcp.FileSystemWriter(str(scratch), thread_count=1), no_dist=True)
-        metadata = pickle.loads((scratch / ".metadata").read_bytes())
-        for index, info in list(metadata.storage_data.items()):
-            metadata.storage_data[index] = type(info)(f"__{int(index.fqn[1:])}_0.distcp", info.offset, info.length)
-        (folder / ".metadata").write_bytes(pickle.dumps(metadata))
-        (folder / "common.pt").write_bytes(b"\0" * 100)
-        (folder / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
-
-
 def measure(nodes: int, snapshots: int, kb: int, work: Path) -> dict:
     """One design (whichever ``elasticft`` imports) at ``nodes`` nodes: etcd load per snapshot per node."""
-    from elasticft.config import MemoryConfig
-    from elasticft.contract.keys import RunKeys
-    from elasticft.contract.run_dir import WorkerEnv
-    from elasticft.memckpt import MemoryTier
-    from elasticft.store import EmbeddedEtcd, StoreOptions, connect
-
-    keys = RunKeys(uuid.uuid4().hex)
-    with EmbeddedEtcd() as server:
-        clients, tiers = [], []
-        names = [f"n{i:04d}" for i in range(nodes)]
-        for name in names:
-            client = connect(StoreOptions(server.endpoint))
-            config = MemoryConfig(mem_ckpt_interval=1, mem_ckpt_replicas=1, mem_ckpt_budget_gb=1.0,
-                                  mem_ckpt_dir=str(work / "shm"))
-            run_dir = work / "run" / name
-            run_dir.mkdir(parents=True)
-            tier = MemoryTier(config, name, "127.0.0.1", client, keys, run_dir, lambda *a, **k: None, timeout=30.0)
-            tier.start()
-            clients.append(client)
-            tiers.append(tier)
-        dirs = []
-        for tier in tiers:
-            tier.set_members({name: "" for name in names})
-            dirs.append(Path(tier.prepare_start(set(names), None)[WorkerEnv.MEM_DIR.value]))
-
+    with Nodes(nodes, work, part_bytes=kb * 1024) as cluster:
         def snapshot(iteration: int) -> float:
             began = time.perf_counter()
-            for rank, (tier, folder) in enumerate(zip(tiers, dirs)):
-                part = folder / f"iter_{iteration:07d}"
-                write_part(part, rank, nodes, kb, work / f"dcp-{iteration}")
-                tier.on_saved(iteration, str(part))
-            for _ in range(2):  # the origins' pushes, then the holders' receipts
-                for tier in tiers:
-                    tier.flush(120)
-            settle(server.endpoint)
+            cluster.snapshot(iteration)
+            settle(cluster.server.endpoint)
             return time.perf_counter() - began
 
         for iteration in (1, 2):
             snapshot(iteration)
-        before = metrics(server.endpoint)
+        before = metrics(cluster.server.endpoint)
         seconds = [snapshot(iteration) for iteration in range(3, 3 + snapshots)]
-        after = metrics(server.endpoint)
-        for tier in tiers:
-            tier.close()
-        for client in clients:
-            client.close()
+        after = metrics(cluster.server.endpoint)
     per = snapshots * nodes
     delta = {k: (after[k] - before[k]) / per for k in after}
     return {"nodes": nodes, "writes": delta["Put"] + delta["Txn"] + delta["DeleteRange"], "reads": delta["Range"],
