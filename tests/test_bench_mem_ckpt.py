@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ROWS = ["disk save, synchronous torch_dist (baseline)", "memory snapshot: training stall (copy + plan)",
         "the copy alone (HostCopier.copy)", "memory snapshot, copy overlapped: stall (plan + the update's wait)",
         "the overlapped copy, start to end", "stand-in forward + backward alone (baseline)",
-        "stand-in forward + backward beside the copy", "memory snapshot: complete (+ write + finalize)", "disk load, ",
+        "stand-in forward + backward beside the copy and the write", "the same after a blocking copy, beside the write",
+        "memory snapshot: complete (+ write + finalize)", "disk load, ",
         "a plain read of its files", "memory load (local tmpfs)", "host memory: tmpfs bytes per snapshot",
         "host memory: peak RSS growth, snapshot", "host memory: peak RSS growth, disk save"]
 REPLICA_ROWS = ["replicate: crc32 of the part", "replicate: push to a peer over HTTP",
