@@ -50,7 +50,7 @@ stalls = [r["stall"] for r in records if r["event"] == "mem_saved" and r.get("st
 saves = [r["seconds"] for r in records if r["event"] == "save"]
 print(f"iterations: median {statistics.median(steps):.3f} s; memory snapshots complete: {len(stalls) + 1}")
 if stalls:
-    print(f"memory snapshot stall (device-to-host copy + plan): median {statistics.median(stalls):.3f} s, "
+    print(f"memory snapshot stall (plan + the update's wait for the device-to-host copy): median {statistics.median(stalls):.3f} s, "
           f"max {max(stalls):.3f} s")
 if saves:
     print(f"torch_dist disk save (synchronous): {', '.join(f'{s:.2f}' for s in saves)} s")

@@ -76,6 +76,11 @@ SITES = {
     "compile_helpers": Site(DATASET_UTILS, "compile_helpers"),
 }
 
+# The update: train_step calls ``step()`` on the optimizer it is given, the one train() was
+# given. The memory tier wraps that instance's ``step`` (megatron_lm/memory.py): the update
+# waits for a snapshot's copy, which runs beside the step's forward and backward.
+UPDATE = ("train_step", "optimizer", "step")  # caller, its parameter, the method it calls on it
+
 CHECKPOINTING = "megatron.training.checkpointing"
 # Called, not wrapped: the checkpoint name, the arguments, and what a memory snapshot runs.
 CHECKPOINT_NAME = Site(CHECKPOINTING, "get_checkpoint_name", ("checkpoints_path", "iteration"))

@@ -106,7 +106,7 @@ def eft_job(request, tmp_path, run_keys):
 # segfaulted in init_process_group in 1 CI run). The modules that fork gloo ranks
 # (start_method="fork") run first, before any test has made such a thread; those that
 # leave the most behind run last.
-RUN_FIRST = ("test_worker_hook.py", "test_worker_memory.py", "test_numerics_worker.py")
+RUN_FIRST = ("test_worker_hook.py", "test_worker_memory.py", "test_numerics_worker.py", "test_mem_overlap.py")
 RUN_LAST = ("test_rendezvous_torch_contract.py",)
 
 

@@ -58,7 +58,8 @@ class MemoryService:
     @staticmethod
     def worker_environment(config: MemoryConfig) -> dict[str, str]:
         """What the workers' ``MemoryCheckpoints`` reads (the write directory comes per start)."""
-        return {env_name("mem_ckpt_interval"): str(config.mem_ckpt_interval)}
+        return {env_name("mem_ckpt_interval"): str(config.mem_ckpt_interval),
+                env_name("mem_ckpt_overlap"): str(config.mem_ckpt_overlap).lower()}
 
     def before_workers_start(self, group_rank: int | None = None) -> dict[str, str]:
         """Prepare the restore candidates for the workers about to start; their environment.

@@ -44,7 +44,8 @@ class FTConfig:
                              "job where no flag sets them (false: ignore SLURM)")
     inject: str = knob(
         "", "faults to inject for demos and tests, KIND:TARGET@ITERATION,... (kinds: gpu_degrade, "
-        "rank_killed, rank_hung, node_lost, replica_corrupt, nan, poison, corrupt; @ITERATION* repeats a rank "
+        "rank_killed, rank_hung, node_lost, replica_corrupt, replica_slow, copy_slow, nan, poison, corrupt; "
+        "@ITERATION* repeats a rank "
         "fault after every restart; see elasticft/contract/faults.py)"
     )
     die_with_agent: bool = knob(True, "workers start through a shim that sets PR_SET_PDEATHSIG (Linux), so that a "

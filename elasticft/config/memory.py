@@ -13,6 +13,9 @@ class MemoryConfig:
     """The memory checkpoint tier (docs/memory-checkpoints.md): snapshots in host memory, replicated to peers."""
 
     mem_ckpt_interval: int = knob(0, "take a memory checkpoint every this many iterations (0: off)")
+    mem_ckpt_overlap: bool = knob(
+        True, "copy a memory checkpoint off the training tensors while the next iteration's forward and backward "
+        "run; only the optimizer's update waits for it (off: training waits for the whole copy)")
     mem_ckpt_replicas: int = knob(1, "other nodes that keep a copy of each node's memory checkpoint")
     mem_ckpt_budget_gb: float = knob(
         0.0, "host memory (GB) this node's memory checkpoints and replicas may use; over it the tier pauses "

@@ -15,6 +15,9 @@ A comma-separated list of ``KIND:TARGET@ITERATION``:
 * ``replica_slow:NODE@I`` — from the first start of the workers on, the agent with group
   rank NODE holds every replica file of iteration I or later that a peer pushes to it for
   ``REPLICA_SLOW_SECONDS`` before it stores it (replication slower than the snapshots);
+* ``copy_slow:RANK@I`` — from iteration I on, every memory snapshot of rank RANK takes
+  ``COPY_SLOW_SECONDS`` longer to copy into host memory (a slow device-to-host link: the
+  next iteration's forward and backward run during the copy, unless it blocks);
 * ``nan:RANK@I`` — the loss rank RANK computes in the step that makes iteration I is NaN,
   once (a transient fault: the re-run is clean);
 * ``poison:RANK@I`` — the same, every time that step runs (bad data: the re-run gives the
@@ -54,12 +57,14 @@ class FaultKind(enum.StrEnum):
     NODE_LOST = "node_lost"
     REPLICA_CORRUPT = "replica_corrupt"
     REPLICA_SLOW = "replica_slow"
+    COPY_SLOW = "copy_slow"
     NAN = "nan"
     POISON = "poison"
     CORRUPT = "corrupt"
 
 
 REPLICA_SLOW_SECONDS = 0.5  # replica_slow: how long the slow agent holds each replica file it receives
+COPY_SLOW_SECONDS = 1.0  # copy_slow: how much longer each memory snapshot's copy into host memory takes
 LOSS_FAULTS = frozenset({FaultKind.NAN, FaultKind.POISON, FaultKind.CORRUPT})  # act in FaultInjector.loss
 
 

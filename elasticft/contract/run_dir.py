@@ -45,7 +45,10 @@ class OutboxKind(enum.StrEnum):
 
     ACK = "ack"  # a checkpoint is complete: iteration, path, seconds, request_id, exit
     FILTERED = "filtered"  # the gap rule skipped a risk request: request_id, iteration, why
-    MEM_SAVED = "mem_saved"  # local rank 0: every rank finished the memory snapshot of iteration; path
+    # local rank 0: every rank finished the memory snapshot of iteration; path, seconds, stall, bytes,
+    # overlapped (the copy ran beside the next iteration), copy (its seconds), waited (of the stall, the
+    # seconds the update waited for the copy)
+    MEM_SAVED = "mem_saved"
     RESTORED = "restored"  # local rank 0: the workers resumed; iteration (None: from scratch), source, path
     # global rank 0: a memory checkpoint did not load; iteration, why, then, and for a range no holder could
     # deliver intact, file and range ([first byte, one past the last])

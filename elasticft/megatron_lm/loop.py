@@ -21,7 +21,9 @@ wrappers that call the originals:
 * ``load_checkpoint`` (the resume, before the loop): the Hook is made here, and the memory
   tier (``memory.py``) restores its newest iteration through it when that is the newest state.
 
-After Megatron's decision, each iteration the memory tier takes its snapshot (``memory.py``).
+After Megatron's decision, each iteration the memory tier takes its snapshot (``memory.py``);
+its copy runs beside the next step's forward and backward, and the step's ``optimizer.step()``
+(on the instance ``train`` was given) waits for it first.
 The pipeline schedules' ``forward_step`` and ``backward_step`` are timed as the rank's own
 work (``work.py``), which the vote hands to the heartbeat for straggler detection.
 
@@ -76,6 +78,7 @@ class MegatronLoop:
     def _train(self, original):
         def train(*args, **kwargs):
             self._start()
+            self.memory.guard(seam.bound("train", args, kwargs)["optimizer"])  # the update waits for a copy
             try:
                 result = original(*args, **kwargs)
                 self.memory.flush()  # the newest snapshot is not lost to a clean end

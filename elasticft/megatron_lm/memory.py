@@ -61,6 +61,20 @@ class MegatronMemory:
 
     # -- in the loop -----------------------------------------------------------------------
 
+    def guard(self, optimizer) -> None:
+        """The loop's optimizer (``train``'s, the one ``train_step`` steps): its ``step`` waits
+        for a snapshot's copy, which then runs beside the next forward and backward. Not where
+        Megatron changes the state in place before the update: there the copy stays blocking."""
+        margs = seam.function(seam.GET_ARGS)()
+        early = [flag for flag, on in _CHANGED_BEFORE_THE_UPDATE.items() if on(margs)]
+        if early:
+            if not self.tier.inert and self.tier.overlap and _rank() == 0:
+                log.warning("memory checkpoints: with %s Megatron changes the state before the optimizer's update; "
+                            "the snapshots' copy stalls training instead of overlapping it", ", ".join(early))
+            return
+        self.tier.guard(optimizer)
+
+
     def step(self, call: dict) -> None:
         """After the loop's decision at ``call["iteration"]`` (on every rank): the tier's turn."""
         self.tier.step(call["iteration"], lambda: self._capture(call))
@@ -163,6 +177,19 @@ class _MegatronDisk:
 
     def dir_of(self, iteration: int) -> str:
         return str(seam.function(seam.CHECKPOINT_NAME)(self._margs.load, iteration, return_base_dir=True))
+
+
+# Megatron configurations that change a tensor of the saved state in place between one
+# iteration's update and the next one's: the copy of a snapshot must not run meanwhile.
+_CHANGED_BEFORE_THE_UPDATE = {
+    # the param buffer shares the grad buffer's memory: zeroing the grads and the next backward write it
+    "--reuse-grad-buf-for-mxfp8-param-ag": lambda a: bool(getattr(a, "reuse_grad_buf_for_mxfp8_param_ag", False)),
+    # the routers' expert_bias is updated in finalize_model_grads, before optimizer.step()
+    "--moe-router-enable-expert-bias": lambda a: bool(getattr(a, "moe_router_enable_expert_bias", False)),
+    # quantile balancing updates its qb_beta in the forward
+    "--moe-router-load-balancing-type quantile_balancing":
+        lambda a: "quantile_balancing" in (getattr(a, "moe_router_load_balancing_type", None) or ()),
+}
 
 
 def _tracked(root: Path) -> int | None:

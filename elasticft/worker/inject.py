@@ -50,6 +50,12 @@ class FaultInjector:
             return False
         return fault.target == rank
 
+    def copy_slow_from(self) -> int | None:
+        """The iteration from which this rank's memory snapshots copy slowly (``copy_slow``), or None."""
+        if self._run_dir is None:
+            return None
+        return min((f.iteration for f in self._faults if f.kind is FaultKind.COPY_SLOW), default=None)
+
     @property
     def acts_on_losses(self) -> bool:
         """Whether this rank has a fault that ``loss()`` applies (nan, poison, corrupt)."""
@@ -62,7 +68,7 @@ class FaultInjector:
         if self._run_dir is None:
             return
         for fault in self._faults:
-            if fault.iteration != iteration or fault.kind in LOSS_FAULTS:
+            if fault.iteration != iteration or fault.kind in LOSS_FAULTS or fault.kind is FaultKind.COPY_SLOW:
                 continue
             if in_step and fault.kind is FaultKind.RANK_HUNG:
                 continue

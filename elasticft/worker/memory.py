@@ -1,15 +1,19 @@
 """The worker's half of the memory checkpoint tier: snapshots into host memory, restores from it.
 
     memory = MemoryCheckpoints(hook)                       # after Hook(); inert without eft
+    memory.guard(optimizer)                                # its step() waits for a copy in flight
     restored = memory.restore(load_fn, checkpoints)        # the newest of memory and disk
     ...
     action = hook.step(iteration)                          # the vote carries the tier's fields
     memory.step(iteration, lambda: sharded_state_dict)     # every iteration, on every rank
-    memory.settle()                                        # before a disk save or the exit
+    memory.flush()                                         # before a disk save or the exit
 
 Every ``--eft-mem-ckpt-interval`` iterations each rank copies its state into host memory
-(the only stall) and writes it, on a thread, as torch_dist files into the directory its
-agent named (``EFT_MEM_CKPT_WRITE_DIR``, tmpfs: it outlives the worker). The hook's vote
+and writes it, on a thread, as torch_dist files into the directory its agent named
+(``EFT_MEM_CKPT_WRITE_DIR``, tmpfs: it outlives the worker). The copy is the stall, or
+with ``--eft-mem-ckpt-overlap`` (the default) and a loop that says where its update is
+(``guard(optimizer)``, or ``before_update()`` before each update), it runs beside the next
+iteration's forward and backward and only the update waits for what is left of it. The hook's vote
 tells every rank when all writes are done; then all finalize at the same iteration and
 local rank 0 tells its agent, which checksums the node's part and replicates it to other
 nodes (``elasticft.memckpt``). docs/memory-checkpoints.md has the whole design.
@@ -17,6 +21,7 @@ nodes (``elasticft.memckpt``). docs/memory-checkpoints.md has the whole design.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -29,9 +34,11 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from elasticft.config import MemoryConfig, from_env
 from elasticft.contract.checkpoints import iter_dir_name
+from elasticft.contract.faults import COPY_SLOW_SECONDS
 from elasticft.contract.memory import LAG_MARKER, PAUSE_MARKER, RESTORE_FILE, RestoreCandidate, RestorePlan
 from elasticft.contract.run_dir import OutboxKind, WorkerEnv
 from elasticft.worker import phases
+from elasticft.worker.inject import FaultInjector
 from elasticft.worker.ranged_reads import ReadCounts, corrupt_ranges, ranged_reads
 from elasticft.worker.relay import Outbox
 from elasticft.worker.snapshot import (
@@ -58,15 +65,21 @@ class Restored:
 
 
 class MemoryCheckpoints:
-    """See the module's docstring. ``interval`` overrides ``EFT_MEM_CKPT_INTERVAL``;
-    ``share_results_queue`` False where the process's disk saves are written by other
-    processes (``snapshot.in_process_results_queue``)."""
+    """See the module's docstring. ``interval`` overrides ``EFT_MEM_CKPT_INTERVAL``, ``overlap``
+    ``EFT_MEM_CKPT_OVERLAP``; ``share_results_queue`` False where the process's disk saves
+    are written by other processes (``snapshot.in_process_results_queue``)."""
 
     width = 3  # Ballot: BUSY, FAILED, PAUSED
 
-    def __init__(self, hook, interval: int | None = None, share_results_queue: bool = True):
+    def __init__(self, hook, interval: int | None = None, share_results_queue: bool = True,
+                 overlap: bool | None = None):
         self.hook = hook
-        self.interval = from_env(MemoryConfig).mem_ckpt_interval if interval is None else interval
+        config = from_env(MemoryConfig)
+        self.interval = config.mem_ckpt_interval if interval is None else interval
+        # The copy overlaps the next iteration only once the loop has shown where its update is:
+        # a loop that never calls before_update() keeps the copy on the training path.
+        self.overlap = config.mem_ckpt_overlap if overlap is None else overlap
+        self._update_point = False
         self.dir = os.environ.get(WorkerEnv.MEM_DIR, "")
         self.run_dir = Path(hook.run_dir) if hook.run_dir else None
         # Snapshots need eft-run, an interval and the agent's directory; restore() works without.
@@ -83,6 +96,7 @@ class MemoryCheckpoints:
         if share_results_queue:  # the process's own torch_dist saves spawn no queue manager either
             in_process_results_queue()
         self._copier = HostCopier()
+        self._slow_from = FaultInjector.from_env().copy_slow_from()  # --eft-inject copy_slow (tests)
         self._strategy = save_strategy()
         self._validated = False
         hook.add_ballot(self)
@@ -119,10 +133,45 @@ class MemoryCheckpoints:
         if self._due(iteration) and self._pending is None and not self._agreed[PAUSED]:
             began = time.perf_counter()
             path = Path(self.dir) / iter_dir_name(iteration)
+            slow = self._slow_from is not None and iteration >= self._slow_from
+            self._copier.delay = COPY_SLOW_SECONDS if slow else 0.0
             self._pending = Snapshot.start(iteration, path, state_fn(), self._copier, self._strategy,
-                                           validate=not self._validated, record_items=True)
+                                           validate=not self._validated, overlap=self.overlap and self._update_point,
+                                           record_items=True)
             self._validated = True
-            self.hook.stalled("memory", time.perf_counter() - began)
+            self._pending.stall = time.perf_counter() - began  # state_fn() included: the loop waited for it too
+            self.hook.stalled("memory", self._pending.stall)
+
+    def before_update(self) -> None:
+        """Every rank, before each change of the state in place (the optimizer's update):
+        wait for what is left of the copy of a snapshot in flight (a stall).
+
+        Calling it is what lets the copy overlap the next iteration: from the first call on,
+        a snapshot's copy runs beside the loop, which must call this before it changes a
+        tensor of the state (``guard`` does it for an optimizer's ``step``).
+        """
+        self._update_point = True
+        if self._pending is not None:
+            waited = self._pending.wait_copy()
+            if waited:
+                self.hook.stalled("memory", waited)
+
+    def guard(self, optimizer):
+        """``optimizer`` (returned) with ``before_update`` run first by each call of its
+        ``step``: the instance's method wrapped, once. Nothing changes when the tier is inert."""
+        if self.inert or getattr(optimizer.step, "_eft_waits_for_snapshot", False):
+            return optimizer
+        step = optimizer.step
+
+        @functools.wraps(step)
+        def step_after_the_copy(*args, **kwargs):
+            self.before_update()
+            return step(*args, **kwargs)
+
+        step_after_the_copy._eft_waits_for_snapshot = True
+        optimizer.step = step_after_the_copy
+        self._update_point = True
+        return optimizer
 
     def flush(self) -> None:
         """Every rank, at the same iteration: wait for the snapshot in flight and finish it.
@@ -150,7 +199,8 @@ class MemoryCheckpoints:
         if self._reporter:
             self._outbox.send({"type": OutboxKind.MEM_SAVED, "iteration": snapshot.iteration,
                                "path": str(snapshot.path), "seconds": seconds, "stall": snapshot.stall,
-                               "bytes": snapshot.bytes})
+                               "bytes": snapshot.bytes, "overlapped": snapshot.copying.overlapped,
+                               "copy": snapshot.copying.seconds, "waited": snapshot.waited})
 
     # -- at the start ------------------------------------------------------------------
 

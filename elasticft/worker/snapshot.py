@@ -6,19 +6,21 @@ makes rank 0 write ``.metadata``): ``save(..., async_sharded_save=True)`` return
 and the finalization as an ``AsyncRequest``. Megatron-LM forks a process for the write
 and checks with an all-reduce every iteration whether all ranks are done.
 
-``Snapshot`` does the same with less: before planning, it copies every tensor of the
-state into host memory (device-to-host on a GPU, into pinned buffers; a copy on the CPU,
+``Snapshot`` does the same with less: it copies every tensor of the state into host
+memory (``host_copy.py``: device-to-host on a GPU, into pinned buffers; a copy on the CPU,
 since training updates the parameters in place; buffers reused across snapshots), so the
 write can run on a plain thread, from tensors nobody else touches, while training goes
-on. Whether every rank's write is done is part of the hook's vote (``memory.py``), so
-the finalization costs no collective of its own. The files are ordinary torch_dist files:
+on. The copy runs on the training path, or beside the next iteration's forward and
+backward (``overlap``): then the plan runs while it copies, the write starts once it is
+complete, and the loop calls ``wait_copy`` before its update. Whether every rank's write
+is done is part of the hook's vote (``memory.py``), so the finalization costs no
+collective of its own. The files are ordinary torch_dist files:
 ``dist_checkpointing.load`` reads them at any TP×PP×DP.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import inspect
 import json
@@ -34,14 +36,11 @@ import torch
 
 from elasticft.contract.memory import ITEMS_SUFFIX
 from elasticft.contract.run_dir import write_atomically
+from elasticft.worker.host_copy import HostCopier, HostCopy
+
+__all__ = ["HostCopier", "SaveRequest", "Snapshot", "in_process_results_queue", "save_strategy"]
 
 log = logging.getLogger(__name__)
-
-
-def _mapping():
-    from megatron.core.dist_checkpointing import mapping
-
-    return mapping
 
 
 def in_process_results_queue() -> None:
@@ -82,78 +81,23 @@ class SaveRequest:
     options: dict = field(default_factory=dict)
 
 
-class HostCopier:
-    """Copies of a sharded state dict's tensors in host memory, one buffer per tensor slot,
-    reused from one snapshot to the next.
-
-    Reuse matters: writing into fresh memory costs a page fault per 4 KiB (about 1 GB/s on
-    a VM), into memory touched before it is a memcpy; and on a GPU, pinned buffers are what
-    make the device-to-host copy asynchronous and fast. A buffer is reused only once the
-    snapshot that used it is finalized (one snapshot at a time), so no write reads a buffer
-    that is being refilled.
-    """
-
-    def __init__(self) -> None:
-        self._buffers: dict[int, torch.Tensor] = {}  # tensor slot (walk order) -> its host buffer
-        self.bytes = 0
-
-    def copy(self, state: dict) -> dict:
-        """A copy of ``state`` whose tensors (and sharded objects) training can no longer change."""
-        self.bytes = 0
-        slot = [0]
-        on_gpu = [False]
-
-        def tensor(t: torch.Tensor) -> torch.Tensor:
-            t = t.detach()
-            self.bytes += t.numel() * t.element_size()
-            slot[0] += 1
-            gpu = t.device.type != "cpu"
-            on_gpu[0] |= gpu
-            buf = self._buffers.get(slot[0])
-            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-                buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=gpu)
-                self._buffers[slot[0]] = buf
-            buf.copy_(t, non_blocking=gpu)
-            return buf
-
-        copied = self._walk(state, tensor)
-        if on_gpu[0]:
-            torch.cuda.synchronize()  # the copies are complete before training touches the GPU tensors
-        return copied
-
-    def _walk(self, value, tensor):
-        mapping = _mapping()
-        if isinstance(value, dict):
-            return {k: self._walk(v, tensor) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self._walk(v, tensor) for v in value]
-        if isinstance(value, (mapping.ShardedTensor, mapping.ShardedTensorFactory)):
-            leaf = copy.copy(value)
-            leaf.data = tensor(value.data)
-            return leaf
-        if isinstance(value, mapping.ShardedObject):
-            leaf = copy.copy(value)
-            leaf.data = copy.deepcopy(value.data)
-            return leaf
-        if isinstance(value, torch.Tensor):
-            return tensor(value)
-        return copy.deepcopy(value)
-
-
 class Snapshot:
     """One rank's share of one checkpoint being written in the background.
 
-    ``start`` copies, plans and starts the write; ``done`` and ``failed`` say where the
+    ``start`` copies (or starts the copy), plans and starts the write; ``wait_copy`` is
+    the loop's wait before it changes the state; ``done`` and ``failed`` say where the
     write is; ``finalize`` must run on every rank at the same point (it is a collective).
     """
 
     def __init__(self, iteration: int, path: Path, request, started: float, stall: float, nbytes: int,
-                 record_items: bool = False):
+                 copying: HostCopy, record_items: bool = False):
         self.iteration = iteration
         self.path = path
         self._items_dir = path if record_items else None
-        self.stall = stall  # seconds the training loop waited: copy + plan
+        self.stall = stall  # seconds the training loop waited: start (the copy too, unless overlapped) + wait_copy
+        self.waited = 0.0  # of which in wait_copy
         self.bytes = nbytes
+        self.copying = copying
         self._request = request
         self._started = started
         self._error: BaseException | None = None
@@ -162,22 +106,40 @@ class Snapshot:
 
     @classmethod
     def start(cls, iteration: int, path: Path, state: dict | SaveRequest, copier: HostCopier, strategy,
-              validate: bool, record_items: bool = False) -> Snapshot:
-        """``record_items``: write down where each storage item lies in each file (``write_in_this_thread``)."""
+              validate: bool, overlap: bool = False, record_items: bool = False) -> Snapshot:
+        """Copy ``state`` into host memory (``overlap``: start the copy), plan the save on
+        this thread (collectives: every rank, the loop's thread) and start the write;
+        ``record_items``: write down where each storage item lies in each file (``write_in_this_thread``)."""
         from megatron.core import dist_checkpointing
 
         started = time.perf_counter()
         request = state if isinstance(state, SaveRequest) else SaveRequest(state)
-        host_state = copier.copy(request.state)
-        path.mkdir(parents=True, exist_ok=True)
-        with _plain_results_queue():
-            request = dist_checkpointing.save(host_state, str(path), sharded_strategy=strategy,
-                                              validate_access_integrity=validate, async_sharded_save=True,
-                                              **_in_process_writer(), **request.options)
-        return cls(iteration, path, request, started, time.perf_counter() - started, copier.bytes, record_items)
+        host_state, copying = copier.start(request.state, overlap=overlap)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            with _plain_results_queue():
+                request = dist_checkpointing.save(host_state, str(path), sharded_strategy=strategy,
+                                                  validate_access_integrity=validate, async_sharded_save=True,
+                                                  **_in_process_writer(), **request.options)
+        except BaseException:
+            copying.wait()  # no copy goes on into buffers the next snapshot refills
+            raise
+        return cls(iteration, path, request, started, time.perf_counter() - started, copier.bytes, copying,
+                   record_items)
+
+    def wait_copy(self) -> float:
+        """The loop, before it changes the state in place: wait until the copy is complete;
+        the seconds it waited (a stall, counted in ``stall``)."""
+        waited = self.copying.wait()
+        self.stall += waited
+        self.waited += waited
+        return waited
 
     def _write(self) -> None:
         try:
+            self.copying.wait()  # the files are written from full buffers
+            if self.copying.error is not None:
+                raise self.copying.error
             if self._request.async_fn is not None:  # None: nothing of this rank's to write
                 write_in_this_thread(self._request, self._items_dir)
         except BaseException as exc:  # noqa: BLE001 - reported through the vote, raised by nobody

@@ -306,6 +306,7 @@ def main(argv=None) -> int:
     group = dist.new_group(backend="gloo") if trainer.cuda else None
     hook = Hook(save_interval=args.save_interval, group=group)
     memory = MemoryCheckpoints(hook)  # --eft-mem-ckpt-interval under eft-run; inert otherwise
+    memory.guard(trainer.optimizer)  # its step() waits for a snapshot's copy: the copy overlaps forward and backward
     iteration, source = resume(trainer, memory, args, log, layout, KEEP_CHECKPOINTS)
     saves = AsyncSaves(hook, checkpoints) if checkpoints is not None else None  # periodic saves, off the loop
     hook.last_saved_iteration = iteration

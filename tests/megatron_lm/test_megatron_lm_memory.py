@@ -12,6 +12,7 @@ both runs from their event logs.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench.launch import Launched
 from bench.megatron_lm import ENV, MODEL
@@ -130,3 +132,41 @@ def test_a_disk_checkpoint_newer_than_memory_wins(tmp_path):
     assert RESUMED.findall(log) == [("6", "disk", "1")]
     assert re.search(r"successfully loaded checkpoint from \S+/ckpt .*at iteration 6", log)
     assert leftovers(tmp_path) == []
+
+
+def test_the_snapshot_copy_overlaps_the_next_step_and_equals_megatrons_own_save(tmp_path):
+    """The unmodified script under torchrun with eft's worker side (no agent): a snapshot every
+    iteration, Megatron's own save at iteration 3, and from iteration 3 on every copy made slow
+    (``--eft-inject copy_slow``): iteration 4's forward and backward run during the copy of 3,
+    its optimizer step waits for it, and the snapshot of 3 holds what Megatron's save of 3 does."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from bench.megatron_lm import agentless_env
+    from elasticft.contract.faults import COPY_SLOW_SECONDS
+    from elasticft.contract.run_dir import OUTBOX_DIR, OutboxKind
+
+    mem = tmp_path / "mem"
+    mem.mkdir()
+    env = {**ENV, **agentless_env(tmp_path, mem, {"EFT_MEM_CKPT_INTERVAL": "1",
+                                                  "EFT_INJECT": "copy_slow:0@3,copy_slow:1@3"})}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(SCRIPT), *MODEL, "--train-iters", "4", "--save", str(tmp_path / "ckpt"),
+                           "--save-interval", "3"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, **env})
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    saved = {r["iteration"]: r for r in (json.loads(p.read_text())
+                                         for p in (tmp_path / "run" / OUTBOX_DIR).glob("*.json"))
+             if r["type"] == OutboxKind.MEM_SAVED}
+    three = saved[3]
+    assert all(r["overlapped"] for r in saved.values()) and three["copy"] >= COPY_SLOW_SECONDS, saved
+    # The training thread waited at iteration 4's update for what was left of the copy; its
+    # own part of the snapshot (the capture and the plan) did not contain the copy.
+    assert 0 < three["waited"] < three["copy"] and three["stall"] - three["waited"] < COPY_SLOW_SECONDS / 2, three
+    states = []
+    for name, source in (("memory", mem / "iter_0000003"), ("megatron", tmp_path / "ckpt" / "iter_0000003")):
+        dcp_to_torch_save(source, tmp_path / f"{name}.pt")
+        states.append(torch.load(tmp_path / f"{name}.pt", weights_only=False))
+    memory, megatron = states
+    tensors = [k for k, v in megatron.items() if isinstance(v, torch.Tensor)]
+    assert sorted(memory) == sorted(megatron) and len(tensors) > 10
+    assert [k for k in tensors if not torch.equal(memory[k], megatron[k])] == []  # bit for bit

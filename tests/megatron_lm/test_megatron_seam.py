@@ -82,3 +82,14 @@ def test_the_rerun_state_machine_has_the_idle_state_and_requests_a_resume_resets
     assert machine.state == getattr(module.RerunState, seam.RERUN_IDLE_STATE)
     assert not any(getattr(machine, request) for request in seam.RERUN_REQUESTS)
     assert machine.first_iteration_complete is True  # after a resume the first step is checked too
+
+
+def test_train_step_updates_through_the_step_method_of_the_optimizer_train_gives_it():
+    """The memory tier's copy overlaps a step's forward and backward because eft wraps ``step``
+    on the optimizer instance train() receives: train_step must call it, on its parameter."""
+    caller, parameter, method = seam.UPDATE
+    training = importlib.import_module(seam.TRAINING)
+    code = getattr(training, caller).__code__
+    assert parameter in seam.SITES[caller].params and parameter in code.co_varnames
+    assert method in code.co_names, f"{caller} no longer calls {parameter}.{method}()"
+    assert "optimizer" in seam.SITES["train"].params and "optimizer" in training.train.__code__.co_varnames
