@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,10 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, table  # noqa: E402  (also puts the repo on sys.path)
-from mem_nodes import Nodes  # noqa: E402
+from common import table  # noqa: E402  (also puts the repo on sys.path)
+from mem_nodes import Nodes, on_previous_tree, parse_with_baseline  # noqa: E402
 
-BASELINE_REV = "792bca3"  # the last tree with one etcd key per part (issue 33, item 2 replaced it)
 KV = ("Range", "Put", "Txn", "DeleteRange")
 
 
@@ -85,14 +83,8 @@ def measure(nodes: int, snapshots: int, kb: int, work: Path) -> dict:
 
 
 def baseline(rev: str, args) -> list[dict]:
-    """This file's measurement on the tree of ``rev``, in a subprocess (its own imports, its own etcd)."""
-    with tempfile.TemporaryDirectory(prefix="eft-baseline-") as tree:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "elasticft"], capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
-        out = subprocess.run([sys.executable, __file__, "--nodes", args.nodes, "--snapshots", str(args.snapshots),
-                              "--part-kb", str(args.part_kb), "--json", "--tree", tree],
-                             capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return on_previous_tree(__file__, rev, ["--nodes", args.nodes, "--snapshots", str(args.snapshots),
+                                            "--part-kb", str(args.part_kb)])
 
 
 def main() -> None:
@@ -100,13 +92,7 @@ def main() -> None:
     parser.add_argument("--nodes", default="4,16,64", help="node counts to measure, comma separated")
     parser.add_argument("--snapshots", type=int, default=5, help="snapshots measured at each node count")
     parser.add_argument("--part-kb", type=int, default=64, help="size of each node's part (one shard file)")
-    parser.add_argument("--baseline-rev", default=BASELINE_REV, help="git revision of the previous design")
-    parser.add_argument("--no-baseline", action="store_true", help="measure this tree only")
-    parser.add_argument("--json", action="store_true", help="print this tree's figures as one JSON line")
-    parser.add_argument("--tree", help="import elasticft from this directory (the baseline's run)")
-    args = parser.parse_args()
-    if args.tree:
-        sys.path.insert(0, args.tree)
+    args = parse_with_baseline(parser)
     counts = [int(n) for n in args.nodes.split(",")]
     with tempfile.TemporaryDirectory(prefix="eft-mem-index-") as work:
         rows = [measure(n, args.snapshots, args.part_kb, Path(work) / str(n)) for n in counts]

@@ -11,12 +11,44 @@ runs it on the previous design's tree, so it uses only what both trees have.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 import warnings
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+BASELINE_REV = "792bca3"  # the last tree with one etcd key per part and whole-checkpoint assembly (issue 33)
+
+
+def parse_with_baseline(parser) -> object:
+    """The flags both scale benches take for their baseline run; the previous tree imported where asked."""
+    parser.add_argument("--baseline-rev", default=BASELINE_REV, help="git revision of the previous design")
+    parser.add_argument("--no-baseline", action="store_true", help="measure this tree only")
+    parser.add_argument("--json", action="store_true", help="print this tree's figures as one JSON line")
+    parser.add_argument("--tree", help="import elasticft from this directory (the baseline's run)")
+    args = parser.parse_args()
+    if args.tree:
+        sys.path.insert(0, args.tree)
+    return args
+
+
+def on_previous_tree(script: str, rev: str, argv: list[str]) -> list[dict]:
+    """``script --json --tree T *argv`` with T the ``elasticft`` of git revision ``rev`` (the previous
+    design, measured in the same run): the figures it prints as its last line."""
+    with tempfile.TemporaryDirectory(prefix="eft-baseline-") as tree:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "elasticft"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
+        out = subprocess.run([sys.executable, script, *argv, "--json", "--tree", tree],
+                             capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def write_metadata(folder: Path, items: dict[str, tuple[int, int, int]], scratch: Path) -> None:

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,9 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, table  # noqa: E402  (also puts the repo on sys.path)
-from mem_index_scale import BASELINE_REV, metrics, settle  # noqa: E402
-from mem_nodes import Nodes  # noqa: E402
+from common import table  # noqa: E402  (also puts the repo on sys.path)
+from mem_index_scale import metrics, settle  # noqa: E402
+from mem_nodes import Nodes, on_previous_tree, parse_with_baseline  # noqa: E402
 
 MB = 1 << 20
 
@@ -51,16 +50,22 @@ def items_of(n: int, size: int) -> dict[str, tuple[int, int, int]]:
     return {**{f"a{r}": (r, 0, half) for r in range(n)}, **{f"b{r}": (r, half, size - half) for r in range(n)}}
 
 
-def restore_ranged(nodes: Nodes, node: int, wants: list[tuple[str, int, int]]) -> float:
-    """One agent's prepare, then its ranks' reads of their items by byte ranges; seconds."""
+def prepared(nodes: Nodes, node: int):
+    """One agent's ``prepare_start`` (a restart): its tier and the newest candidate ready."""
     from elasticft.contract.memory import RESTORE_FILE, RestorePlan
-    from elasticft.worker.ranged_reads import CandidateReader
 
-    began = time.perf_counter()
     tier = nodes.tiers[node]
     tier.prepare_start(set(nodes.names), None)
     plan = RestorePlan.from_json((tier.run_dir / RESTORE_FILE).read_text())
-    candidate = next(c for c in plan.candidates if c.ready)
+    return tier, plan, next(c for c in plan.candidates if c.ready)
+
+
+def restore_ranged(nodes: Nodes, node: int, wants: list[tuple[str, int, int]]) -> float:
+    """One agent's prepare, then its ranks' reads of their items by byte ranges; seconds."""
+    from elasticft.worker.ranged_reads import CandidateReader
+
+    began = time.perf_counter()
+    _, plan, candidate = prepared(nodes, node)
     reader = CandidateReader(candidate, plan.run_id, plan.node)
     try:
         for name, offset, length in wants:
@@ -74,13 +79,8 @@ def restore_ranged(nodes: Nodes, node: int, wants: list[tuple[str, int, int]]) -
 
 def restore_assembled(nodes: Nodes, node: int, wants: list[tuple[str, int, int]]) -> float:
     """The previous design: the agent assembles the whole checkpoint, then the ranks read locally."""
-    from elasticft.contract.memory import RESTORE_FILE, RestorePlan
-
     began = time.perf_counter()
-    tier = nodes.tiers[node]
-    tier.prepare_start(set(nodes.names), None)
-    plan = RestorePlan.from_json((tier.run_dir / RESTORE_FILE).read_text())
-    candidate = next(c for c in plan.candidates if c.ready)
+    tier, _, candidate = prepared(nodes, node)
     for name, offset, length in wants:
         with open(Path(candidate.path) / name, "rb") as f:
             assert len(os.pread(f.fileno(), length, offset)) == length
@@ -126,26 +126,15 @@ def measure(n: int, part_mb: float, work: Path, ranged: bool) -> dict:
 
 
 def baseline(rev: str, args) -> list[dict]:
-    with tempfile.TemporaryDirectory(prefix="eft-baseline-") as tree:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "elasticft"], capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", tree], input=archive.stdout, check=True)
-        out = subprocess.run([sys.executable, __file__, "--nodes", args.nodes, "--part-mb", str(args.part_mb),
-                              "--json", "--assembled", "--tree", tree], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return on_previous_tree(__file__, rev, ["--nodes", args.nodes, "--part-mb", str(args.part_mb), "--assembled"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="4,16,64", help="node counts, comma separated")
     parser.add_argument("--part-mb", type=float, default=4.0, help="each node's shard file, MiB")
-    parser.add_argument("--baseline-rev", default=BASELINE_REV, help="git revision of the previous design")
-    parser.add_argument("--no-baseline", action="store_true", help="measure this tree only")
-    parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
     parser.add_argument("--assembled", action="store_true", help="restore as the previous design did (baseline run)")
-    parser.add_argument("--tree", help="import elasticft from this directory (the baseline's run)")
-    args = parser.parse_args()
-    if args.tree:
-        sys.path.insert(0, args.tree)
+    args = parse_with_baseline(parser)
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # the tier's home: host memory
     with tempfile.TemporaryDirectory(prefix="eft-mem-restore-", dir=shm) as work:
         rows = [measure(n, args.part_mb, Path(work) / str(n), ranged=not args.assembled)
