@@ -50,6 +50,11 @@ class RestorableView:
         self._parts: KeySet | None = None
         self._parsed: dict[str, tuple[bytes, list[MemPart]]] = {}  # key -> (value, its parts): parse once
         self._published: list[int] | None = None
+        # Where this agent computes, it does so on a thread of its own, as soon as a record changes:
+        # not behind its own replicator's pushes, which under load take longer than an iteration.
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
 
     @property
     def computing(self) -> bool:
@@ -61,7 +66,8 @@ class RestorableView:
         with self._lock:
             try:
                 if self.computing:
-                    return self._compute()
+                    self._start_computing()
+                    return self._published if self._published is not None else self._compute()
                 self._close_parts()
                 key = self._watch_key()
                 raw = key.get(self.index.restorable_key)
@@ -83,11 +89,36 @@ class RestorableView:
             self._key = KeySet(self.index.client, self.index.restorable_key, self.changed, exact=True)
         return self._key
 
-    def _compute(self) -> list[int]:
+    def _start_computing(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._compute_loop, name="eft-mem-restorable", daemon=True)
+            self._thread.start()
         if self._parts is None or self._parts.broken:
             self._close_parts()
-            self._parts = KeySet(self.index.client, self.index.prefix, self.changed)
+            self._parts = KeySet(self.index.client, self.index.prefix, self._wake.set)
             self._published = None  # a new computing agent says what it sees once, whatever was there
+
+    def _compute_loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._closed:
+                return
+            with self._lock:
+                if self._parts is None:  # no longer the computing agent
+                    continue
+                before = self._published
+                try:
+                    if self._parts.broken:
+                        self._start_computing()
+                    now = self._compute()
+                except StoreError as exc:
+                    log.warning("memory tier: cannot publish %s: %s", self.index.restorable_key, exc)
+                    continue
+            if now != before:
+                self.changed()  # this agent's replicator prunes and measures its lag from it
+
+    def _compute(self) -> list[int]:
         alive = set(self.members()) | {self.node_id}
         restorable = restorable_iterations(self._all_parts(), alive)[:SHOWN]
         if restorable != self._published:
@@ -137,6 +168,8 @@ class RestorableView:
             self._parsed.clear()
 
     def close(self) -> None:
+        self._closed = True
+        self._wake.set()
         with self._lock:
             self._close_parts()
             if self._key is not None:
