@@ -143,16 +143,16 @@ class MemIndex:
         items, _ = self.client.get_prefix(self.prefix)
         return parts_of(self.prefix, ((kv.key, kv.value) for kv in items))
 
-    def drop_above(self, iteration: int | None, nodes: set[str] | None = None) -> list[str]:
-        """Parts newer than ``iteration`` (None: all) out of the records of ``nodes`` (None: every node):
-        the workers resumed before them. Each record is changed by compare-and-swap (its node may be
+    def drop_above(self, iteration: int | None) -> list[str]:
+        """Parts newer than ``iteration`` (None: all) out of every node's record: the workers resumed
+        before them. Each record is changed by compare-and-swap (its node may be
         writing it); returns the nodes whose record changed."""
         floor = -1 if iteration is None else iteration
         items, _ = self.client.get_prefix(self.prefix)
         changed = []
         for kv in items:
             node = node_of_key(self.prefix, kv.key)
-            if node is None or (nodes is not None and node not in nodes):
+            if node is None:
                 continue
             current = kv
             while current is not None:
