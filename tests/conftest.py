@@ -110,9 +110,24 @@ RUN_FIRST = ("test_worker_hook.py", "test_worker_memory.py", "test_numerics_work
 RUN_LAST = ("test_rendezvous_torch_contract.py",)
 
 
+# pytest-xdist (README's command: `-n 2`; pyproject: --dist loadgroup) hands each xdist_group
+# to one worker, in the order above: every worker runs its share of RUN_FIRST before anything
+# else. A module is one group: its module fixtures (a reference run, a model build) are made
+# once and its tests keep their order. The modules in SPREAD hold long end-to-end tests that
+# each start all they need (etcd, namespaces, agents): one test to a group, so that the
+# workers share them out. The SLURM modules are one group: one cluster (the session's
+# slurm_cluster fixture would start one per worker).
+SPREAD = ("test_chaos.py", "test_partitions.py")
+SHARED_GROUPS = {"test_slurm.py": "slurm", "test_slurm_cluster.py": "slurm"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
 def pytest_collection_modifyitems(session, config, items):
     # stable: the order is otherwise kept
     items.sort(key=lambda item: 0 if item.path.name in RUN_FIRST else 2 if item.path.name in RUN_LAST else 1)
+    for item in items:
+        if item.path.name not in SPREAD and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(item.path.name, item.path.name)))
 
 
 @pytest.fixture(scope="session")

@@ -99,6 +99,7 @@ def eft_outcome(srun_status: int, *eft_run_args: str, env: dict) -> subprocess.C
                           capture_output=True, text=True, timeout=60, env=env)
 
 
+@pytest.mark.slow
 def test_eft_outcome_exits_with_the_record_of_the_run_eft_run_named(etcd_server, etcd):
     """The same arguments as eft-run: the run id SLURM's default (slurm-812-r0), the prefix
     from --rdzv-conf, as eft-run resolves them."""

@@ -129,7 +129,6 @@ def test_the_shim_goes_in_front_for_one_start_and_no_longer():
         assert missing.entrypoint == "no-such-program-eft"
 
 
-@pytest.mark.slow
 def test_workers_die_within_seconds_of_a_sigkilled_eft_run(tmp_path, eft_job):
     """SIGKILL eft-run's agent alone: both its workers are gone within OUTLIVE_LIMIT.
     (Without the shim, ``EFT_DIE_WITH_AGENT=0``, they go on all-reducing with each other.)"""

@@ -52,7 +52,6 @@ def test_survivor_restarts_with_a_layout_legal_for_two_gpus(tmp_path, etcd, run_
     assert survivor.wait(60) == 0, survivor.output()
 
 
-@pytest.mark.slow
 def test_no_legal_layout_stops_the_agent_with_one_line(tmp_path, eft_job):
     # 3 GPUs for a model whose 4 heads and 4 layers need TP and PP in {1, 2, 4} and
     # a global batch of 8 that 3-way data parallelism cannot split.

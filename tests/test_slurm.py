@@ -59,7 +59,8 @@ def submit_train(cluster, tmp_path: Path, *eft_args: str, nodes: int = 2, **opts
 
 def test_usr1_to_the_batch_shell_saves_stops_with_4_and_the_requeued_attempt_resumes(slurm_cluster, tmp_path):
     ckpt = tmp_path / "ckpt"
-    job, out = submit_train(slurm_cluster, tmp_path, *loop(ckpt, 700))
+    # USR1 comes at the first save (step 10): the requeued attempt trains the rest
+    job, out = submit_train(slurm_cluster, tmp_path, *loop(ckpt, 250))
     wait_for(lambda: saves(out), 120, "the first save")
     slurm_cluster.scancel(job, "--signal=USR1", "-b")  # what #SBATCH --signal=B:USR1@N does
     done = slurm_cluster.wait(job, until=lambda j: j["JobState"] == "COMPLETED", timeout=240)
@@ -67,7 +68,7 @@ def test_usr1_to_the_batch_shell_saves_stops_with_4_and_the_requeued_attempt_res
     stopped = int(re.search(r"stopped at step (\d+): signal", log).group(1))
     assert f"job exit status {int(ExitCode.REQUEUE)} (attempt 0," in log, log[-3000:]
     assert started_at(out) == [(2, 0), (2, stopped)]  # the requeued attempt resumed where the save was
-    assert "job exit status 0 (attempt 1," in log and latest(ckpt) == 700
+    assert "job exit status 0 (attempt 1," in log and latest(ckpt) == 250
     assert done["Restarts"] == "1" and done["ExitCode"] == "0:0"
     # each attempt its own run id, derived from the job without a flag
     assert f"--rdzv-id slurm-{job}-r0, --nnodes 2" in log and f"--rdzv-id slurm-{job}-r1, --nnodes 2" in log
@@ -82,7 +83,7 @@ def test_scontrol_requeue_resumes_from_the_save_in_the_sigterm_grace_on_an_exter
         #SBATCH --requeue
         #SBATCH --open-mode=append
         exec eft-run --rdzv-backend etcd-v3 --rdzv-endpoint {etcd_server.endpoint} {' '.join(GRACE)} \\
-             --nproc-per-node 2 {' '.join(loop(ckpt, 500))}
+             --nproc-per-node 2 {' '.join(loop(ckpt, 250))}
         """))
     job = slurm_cluster.sbatch(script, output=out, chdir=tmp_path)
     wait_for(lambda: saves(out), 120, "the first save")
@@ -91,7 +92,7 @@ def test_scontrol_requeue_resumes_from_the_save_in_the_sigterm_grace_on_an_exter
     log = text(out)
     stopped = int(re.search(r"stopped at step (\d+): signal", log).group(1))
     assert started_at(out) == [(2, 0), (2, stopped)], log[-3000:]  # resumed from the save SIGTERM made
-    assert saves(out, attempt=0)[-1] == stopped and latest(ckpt) == 500
+    assert saves(out, attempt=0)[-1] == stopped and latest(ckpt) == 250
     assert f"--rdzv-id slurm-{job}-r0" in log and f"--rdzv-id slurm-{job}-r1" in log
     assert done["Restarts"] == "1" and done["ExitCode"] == "0:0"
 
@@ -103,12 +104,14 @@ def test_a_job_requeueing_itself_under_its_job_id_as_run_id_resumes_every_time(s
     --eft-exit-duration-mins fire at the first step."""
     ckpt, out = tmp_path / "ckpt", tmp_path / "job.out"
     script = tmp_path / "self.sbatch"
+    # 200 steps: 10 s of steps at least, more than an attempt's 9 s (0.15 min): one stop at least,
+    # and few requeues (each waits out the cluster's credential lifetime) where startups are slow
     script.write_text(textwrap.dedent(f"""\
         #!/bin/bash
         #SBATCH --requeue
         #SBATCH --open-mode=append
         eft-run --rdzv-backend etcd-v3 --rdzv-endpoint {etcd_server.endpoint} --rdzv-id "$SLURM_JOB_ID" \\
-             --eft-exit-duration-mins 0.1 --nproc-per-node 2 {' '.join(loop(ckpt, 240))} &
+             --eft-exit-duration-mins 0.15 --nproc-per-node 2 {' '.join(loop(ckpt, 200))} &
         TRAIN=$!; wait $TRAIN; status=$?
         echo "eft-run exit status $status (attempt ${{SLURM_RESTART_COUNT:-0}})"
         [ $status -eq 4 ] && scontrol requeue "$SLURM_JOB_ID"
@@ -121,12 +124,13 @@ def test_a_job_requeueing_itself_under_its_job_id_as_run_id_resumes_every_time(s
     starts = [step for _, step in started_at(out)]
     assert len(stops) >= 1 and starts == [0, *stops], log[-3000:]  # each attempt went on from the last
     assert log.count("previous attempt ended; starting a new one") == len(stops)  # the run id reset each time
-    assert int(done["Restarts"]) == len(stops) and latest(ckpt) == 240
+    assert int(done["Restarts"]) == len(stops) and latest(ckpt) == 200
 
 
 def test_an_array_chains_each_task_saving_before_its_time_limit(slurm_cluster, tmp_path):
     ckpt, out = tmp_path / "ckpt", tmp_path / "array-%a.out"
-    job = slurm_cluster.sbatch(ARRAY, "--eft-deadline-margin-mins", "0.5", "--nproc-per-node", "2",
+    # each task trains until 0.75 min before its 1 min limit: about 15 s, startup included
+    job = slurm_cluster.sbatch(ARRAY, "--eft-deadline-margin-mins", "0.75", "--nproc-per-node", "2",
                                *loop(ckpt, 100000), time="1", output=out, chdir=tmp_path)
     slurm_cluster.wait(job, until=lambda j: len(tasks_over(slurm_cluster, job)) == 3, timeout=400)
     outs = [tmp_path / f"array-{task}.out" for task in range(3)]
@@ -177,16 +181,16 @@ def test_a_lost_node_leaves_the_other_training_at_the_new_size_and_the_finished_
     And the time limit was asked of squeue by one of the two agents, not by both."""
     ckpt = tmp_path / "ckpt"
     questions = counting_squeue(tmp_path)
-    job, out = submit_train(slurm_cluster, tmp_path, "--nnodes", "1:2", *loop(ckpt, 600),
+    job, out = submit_train(slurm_cluster, tmp_path, "--nnodes", "1:2", *loop(ckpt, 300),
                             export=f"ALL,PATH={questions.parent}:{os.environ['PATH']}")
     wait_for(lambda: saves(out), 120, "the first save")
-    killed = kill_node(job, "n2")
+    killed = kill_node(slurm_cluster, job, "n2")
     assert killed, "no process of the job on n2"
     done = slurm_cluster.wait(job, timeout=240)
     starts = started_at(out)
     assert starts[0] == (2, 0) and starts[-1][0] == 1, text(out)[-3000:]
     assert starts[-1][1] == saves(out, attempt=0)[-1]  # the survivor resumed from the newest checkpoint
-    assert latest(ckpt) == 600
+    assert latest(ckpt) == 300
     assert (done["JobState"], done["ExitCode"]) == ("COMPLETED", "0:0"), text(out)[-3000:]
     assert job_status_line(out) == (0, 137)  # srun's: the killed task's
     assert len(questions.read_text().splitlines()) == 1, questions.read_text()
@@ -201,7 +205,7 @@ def test_a_job_without_progress_exits_3_though_a_lost_node_made_srun_say_otherwi
                             "--max-restarts", "20", "--eft-inject", "rank_killed:1@8*", str(TOY), tmp_path / "out",
                             "--ckpt", tmp_path / "ckpt", "--iters", "100000", "--save-interval", "5")
     wait_for(lambda: worker_events(tmp_path / "out", "resume"), 120, "the first start")
-    assert kill_node(job, "n2"), "no process of the job on n2"
+    assert kill_node(slurm_cluster, job, "n2"), "no process of the job on n2"
     done = slurm_cluster.wait(job, timeout=300)
     log = text(out)
     assert "no progress in 3 restart cycles in a row" in log, log[-3000:]
@@ -228,15 +232,18 @@ def counting_squeue(tmp_path: Path) -> Path:
     return calls
 
 
-def kill_node(job: str, node: str) -> list[int]:
-    """SIGKILL every process of ``job`` on ``node`` (its agent and workers): the node is gone."""
+def kill_node(cluster, job: str, node: str) -> list[int]:
+    """SIGKILL every process of ``job`` on ``node`` (its agent and workers): the node is gone.
+    Job ids start at 1 in every cluster: another test run's cluster on this machine has a
+    job of the same id, told apart by its SLURM_CONF."""
+    mine = (f"SLURM_JOB_ID={job}".encode(), f"SLURMD_NODENAME={node}".encode(), f"SLURM_CONF={cluster.conf}".encode())
     killed = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
         except OSError:
             continue
-        if f"SLURM_JOB_ID={job}".encode() in env and f"SLURMD_NODENAME={node}".encode() in env:
+        if all(mark in env for mark in mine):
             try:
                 os.kill(int(pid), signal.SIGKILL)
                 killed.append(int(pid))

@@ -3,8 +3,6 @@ import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
 
 def batch_script(tmp_path, name, body):
     script = tmp_path / name
@@ -30,6 +28,7 @@ def test_exit_status_of_the_batch_script_is_the_job_exit_code(slurm_cluster, tmp
     assert (job["JobState"], job["ExitCode"]) == ("FAILED", "3:0")
 
 
+@pytest.mark.slow  # a requeued job waits out the credential lifetime (10 s) before it runs again
 def test_self_requeued_job_runs_again_with_the_same_id_and_a_restart_count(slurm_cluster, tmp_path):
     # The first attempt requeues itself; the second (SLURM_RESTART_COUNT=1) completes.
     script = batch_script(tmp_path, "requeue.sh", """\
