@@ -17,7 +17,7 @@ from pyetcd.etcdrpc import auth_pb2
 
 from elasticft.store import StoreError, StoreOptions, connect, find_etcd, free_port
 from elasticft.store.client import prefix_end
-from elasticft.store.server import _die_with_parent, stop_process
+from elasticft.store.server import dies_with_this_process, stop_process
 
 ROOT_PASSWORD = "root-secret"
 
@@ -102,8 +102,8 @@ class DeployedEtcd:
             cmd += ["--cert-file", str(self.certs.server[0]), "--key-file", str(self.certs.server[1]),
                     "--trusted-ca-file", str(self.certs.ca), "--client-cert-auth"]
         log_file = open(self.workdir / "etcd.log", "ab")
-        self.proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(dies_with_this_process(cmd), stdout=log_file, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
         log_file.close()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and self.proc.poll() is None:

@@ -154,7 +154,7 @@ def etcd_leftovers(tmp: Path) -> tuple[list[str], list[str]]:
     return dirs, procs
 
 
-@pytest.mark.parametrize("how", ["finish", "sigint"])
+@pytest.mark.parametrize("how", ["finish", "sigint", "sigkill"])
 def test_embedded_etcd_leaves_nothing_behind(tmp_path, how, eft_job):
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
@@ -163,6 +163,11 @@ def test_embedded_etcd_leaves_nothing_behind(tmp_path, how, eft_job):
     node = eft_job("allreduce_loop.py", out, standalone=True, env={"TMPDIR": str(tmpdir)})
     wait_for(lambda: (out / "starts.jsonl").exists(), 60, "the worker to start")
     assert etcd_leftovers(tmpdir)[0], "the embedded etcd should use a data dir under TMPDIR"
+    if how == "sigkill":  # nothing of the launcher's runs: the kernel's death signal stops etcd
+        node.proc.kill()
+        node.wait(60)
+        wait_for(lambda: not etcd_leftovers(tmpdir)[1], 30, "the embedded etcd to die with its launcher")
+        return
     if how == "sigint":
         node.proc.send_signal(signal.SIGINT)
         assert node.wait(60) != 0

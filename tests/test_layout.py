@@ -41,6 +41,7 @@ FORBIDDEN = {
                          "elasticft.goodput", "elasticft.slurm", "elasticft.megatron_lm", "elasticft.periodic",
                          "elasticft.torch_seam", "elasticft.megatron_seam", "launcher"),
     "elasticft.periodic": ("elasticft.", "launcher"),
+    "elasticft.pdeathsig_exec": ("elasticft.", "launcher"),  # run by path: the standard library only
     "elasticft.goodput": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
                           "elasticft.health", "elasticft.worker", "elasticft.store", "elasticft.memckpt",
                           "launcher"),

@@ -1,6 +1,6 @@
 """No orphans (issue 15, item 3): a worker does not outlive its agent, even a SIGKILLed one.
 
-The shim (elasticft/agent/pdeathsig_exec.py) is tested under a stand-in agent, then end
+The shim (elasticft/pdeathsig_exec.py) is tested under a stand-in agent, then end
 to end under eft-run. A worker counts as gone once it has exited: a zombie waiting for
 a reaper holds no GPU and no port.
 """

@@ -21,7 +21,7 @@ from elasticft.contract.warm_start import changed_variables, parse_python_comman
 
 # What a worker can see of how it was started; the run differs only in the run's own values.
 DUMP = textwrap.dedent('''
-    import json, os, signal, sys
+    import json, os, signal, sys, time
     import __main__
     import json as heavy  # stands for torch: a top-level import of an installed package
     import helper_beside  # the script's own module: never preloaded
@@ -33,11 +33,17 @@ DUMP = textwrap.dedent('''
         "signals": {n: str(signal.getsignal(getattr(signal, n))) for n in ("SIGTERM", "SIGINT", "SIGPIPE", "SIGUSR1")},
         "loader": type(__main__.__loader__).__name__, "helper_loaded_by": helper_beside.LOADED_BY,
     }
-    with open(os.path.join(os.environ["DUMP_DIR"], f"{attempt}-{rank}.json"), "w") as f:
+    dump = os.path.join(os.environ["DUMP_DIR"], f"{attempt}-{rank}.json")
+    with open(dump + ".part", "w") as f:
         json.dump(record, f)
+    os.replace(dump + ".part", dump)
     print(f"out {rank} {attempt}")
     print(f"err {rank} {attempt}", file=sys.stderr)
     if attempt == "0" and rank == "1":
+        # Not before rank 0 has written its dump: the agent stops rank 0 when rank 1 dies,
+        # and a slow start (a loaded machine) would otherwise lose it.
+        while not os.path.exists(os.path.join(os.environ["DUMP_DIR"], "0-0.json")):
+            time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)
     if attempt == "0":
         signal.pause()  # until the agent stops this generation

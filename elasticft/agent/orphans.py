@@ -31,13 +31,14 @@ import shutil
 import sys
 import threading
 from collections.abc import Collection, Iterator
-from pathlib import Path
 
 from torch.distributed.elastic.agent.server.api import WorkerSpec
 
+from elasticft.store.server import DEATH_SIGNAL_SHIM
+
 log = logging.getLogger(__name__)
 
-SHIM = Path(__file__).with_name("pdeathsig_exec.py")
+SHIM = DEATH_SIGNAL_SHIM
 # -I -S: a bare interpreter (no site, no PYTHON* variables) starts fastest and imports
 # nothing of the job's; the shim needs only the standard library.
 SHIM_INTERPRETER_FLAGS = ("-I", "-S")

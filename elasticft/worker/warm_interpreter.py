@@ -2,7 +2,7 @@
 
 ``python [the job's options] -m elasticft.worker.warm_interpreter FD SPAWN`` (started by the
 agent's ``WarmPool``, in a session of its own as torch starts workers). It dies with its agent
-(``PR_SET_PDEATHSIG``, as ``agent/pdeathsig_exec.py`` does for a cold worker), puts on
+(``PR_SET_PDEATHSIG``, as ``elasticft/pdeathsig_exec.py`` does for a cold worker), puts on
 ``sys.path`` what a cold start of the job's command would, and imports the heavy modules. Then
 it waits on the socket FD for a ``Handoff``: the worker's environment, command, working
 directory, and its stdout and stderr as descriptors. It answers one line and becomes the worker:

@@ -1,16 +1,23 @@
-"""Exec shim: die with the agent, then become the worker.
+"""Exec shim: die with the parent, then become the program.
 
-Usage: python -I -S pdeathsig_exec.py AGENT_PID PROGRAM [ARGS...]
+Usage: python -I -S pdeathsig_exec.py PARENT_PID PROGRAM [ARGS...]
 
-torch starts each worker with ``Popen([PROGRAM, *ARGS])``; the agent (``orphans.py``)
-puts this shim in front. It asks the kernel to SIGKILL this process when the thread
-that forked it ends (``PR_SET_PDEATHSIG``), makes sure that thread's process (the
-agent, ``AGENT_PID``) did not die before that took effect, and ``execvp``\\ s PROGRAM.
-The death signal survives execve, and the pid stays, so torch's worker pid is the
-worker's and the worker's ``sys.argv`` is the one torchrun would give it.
+It asks the kernel to SIGKILL this process when the thread that forked it ends
+(``PR_SET_PDEATHSIG``), makes sure that thread's process (``PARENT_PID``) did not die
+before that took effect, and ``execvp``\\ s PROGRAM. The death signal survives execve, and
+the pid stays. Two parents put it in front of their children:
+
+- the agent, in front of each worker (``agent/orphans.py``): torch starts each worker with
+  ``Popen([PROGRAM, *ARGS])``, so the worker's pid is torch's and its ``sys.argv`` the one
+  torchrun would give it;
+- the launcher and the tests, in front of an embedded etcd (``store/server.py``).
+
+Why a shim and not ``Popen(preexec_fn=...)``: preexec_fn runs Python in the forked child
+of a process with threads (gRPC's, torch's); a lock one of them held at the fork stays
+held in the child, which can hang or crash there (an etcd child segfaulted so, once).
 
 Run by path with the standard library only (no eft import, no site): it costs one bare
-interpreter start per worker.
+interpreter start per child.
 """
 
 import os
@@ -49,17 +56,17 @@ def _starting_environment() -> dict:
 
 
 def main(argv: list) -> None:
-    agent_pid, program = int(argv[1]), argv[2]
+    parent_pid, program = int(argv[1]), argv[2]
     try:
         _set_death_signal()
-    except (OSError, AttributeError) as exc:  # the agent checked prctl works: not expected
-        print(f"eft: worker not tied to its agent ({exc}); it may outlive a killed agent", file=sys.stderr)
+    except (OSError, AttributeError) as exc:  # the parent checked prctl works: not expected
+        print(f"eft: {program} not tied to its parent ({exc}); it may outlive a killed parent", file=sys.stderr)
     else:
-        if os.getppid() != agent_pid:
-            # The agent died between fork and prctl: the signal will never come. Die as it would have.
+        if os.getppid() != parent_pid:
+            # The parent died between fork and prctl: the signal will never come. Die as it would have.
             os.kill(os.getpid(), signal.SIGKILL)
     # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec:
-    # give the worker the dispositions Popen(restore_signals=True) gives it under torchrun.
+    # give the program the dispositions Popen(restore_signals=True) gives it (torchrun's workers).
     for name in ("SIGPIPE", "SIGXFSZ"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_DFL)
