@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Self
 
 from elasticft.store import StoreError, StoreOptions, connect, find_etcd, free_port
-from elasticft.store.server import _die_with_parent, stop_process
+from elasticft.store.server import dies_with_this_process, stop_process
 
 
 @dataclass
@@ -100,12 +100,12 @@ class EtcdCluster:
         member.data_dir.mkdir(parents=True, exist_ok=True)
         with open(member.data_dir / "etcd.log", "ab") as log_file:
             member.proc = subprocess.Popen(
-                [self.binary, "--name", member.name, "--data-dir", str(member.data_dir / "data"),
+                dies_with_this_process([self.binary, "--name", member.name, "--data-dir", str(member.data_dir / "data"),
                  "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
                  "--listen-peer-urls", member.peer_url, "--initial-advertise-peer-urls", member.peer_url,
                  "--initial-cluster", initial, "--initial-cluster-state", "new",
-                 "--initial-cluster-token", self.token, "--log-level", "error"],
-                stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                 "--initial-cluster-token", self.token, "--log-level", "error"]),
+                stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def _wait_ready(self, member: Member) -> None:
         """Until the member answers a read, which needs a leader (a quorum)."""
