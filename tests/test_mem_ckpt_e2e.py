@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from bench.launch import read_jsonl
+from elasticft.config import ReplicationConfig
 from elasticft.contract.events import EventKind
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.phases import ORDER
@@ -76,6 +77,19 @@ def events(result: dict, kind: EventKind) -> list[dict]:
     return [e for e in result["events"] if e["kind"] == kind]
 
 
+def assert_resumed_within_the_lag(out: Path, resumed: int) -> None:
+    """A lost node's share comes from its replica: the survivors resume from a snapshot the
+    workers wrote before the loss, at most max-lag + 1 snapshots behind the newest of them (past
+    --eft-mem-ckpt-max-lag the snapshots back off until replication catches up). Where in that
+    window depends on how fast replicas travel: 1 or 2 iterations on a quiet machine, 3 when the
+    other core is busy with another test's job; either is the product working."""
+    records = read_jsonl(out / "train.jsonl")
+    restart = next(i for i, r in enumerate(records) if r["event"] == "start" and r["iteration"])
+    written = [r["iteration"] for r in records[:restart] if r["event"] == "mem_saved"]
+    assert resumed in written and len([i for i in written if i > resumed]) <= ReplicationConfig().mem_ckpt_max_lag + 1, \
+        (resumed, written)
+
+
 def test_a_lost_node_resumes_from_memory_and_without_the_tier_from_scratch(demo, reference, tmp_path, capsys):  # noqa: F811
     """kill -9 of a whole node: its share comes from its replica on the survivor."""
     code = demo.main(["--compare", "--no-health", "--out", str(tmp_path), "--save-interval", "50",
@@ -85,7 +99,8 @@ def test_a_lost_node_resumes_from_memory_and_without_the_tier_from_scratch(demo,
     with_memory = load("story").summary(result_of(tmp_path / "memory"))
     without = load("story").summary(result_of(tmp_path / "disk"))
     ((source, resumed, redone),) = with_memory["restarts"]
-    assert source == "memory" and resumed in (LOSE_AT - 2, LOSE_AT - 1, LOSE_AT) and redone <= 2
+    assert source == "memory" and redone < LOSE_AT
+    assert_resumed_within_the_lag(tmp_path / "memory", resumed)
     (_, layout_after) = with_memory["layouts"][0], with_memory["layouts"][1]
     assert layout_after[0] * layout_after[1] * layout_after[2] == 2  # resharded onto the survivor
     ((source, resumed, redone),) = without["restarts"]
@@ -93,7 +108,7 @@ def test_a_lost_node_resumes_from_memory_and_without_the_tier_from_scratch(demo,
     # Both figures, side by side.
     row = next(line for line in printed.splitlines() if line.startswith("iterations re-done"))
     assert row.split()[-2:] == [str(with_memory["iterations_redone"]), str(LOSE_AT)]
-    # Resumed at iteration 13 resharded: exactly the uninterrupted curve. (Without the tier the
+    # Resumed resharded: exactly the uninterrupted curve. (Without the tier the
     # job starts over at the new layout, whose fresh initialisation is another curve.)
     assert_same_losses(result_of(tmp_path / "memory"), reference)
 
