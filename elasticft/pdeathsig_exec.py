@@ -27,12 +27,28 @@ import sys
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def _set_death_signal() -> None:
+# -I -S: a bare interpreter (no site, no PYTHON* variables) starts fastest and imports
+# nothing of the job's; the shim needs only the standard library.
+INTERPRETER_FLAGS = ("-I", "-S")
+
+
+def command(parent_pid: int, argv) -> list:
+    """The command that runs ``argv`` through this shim, SIGKILLed when ``parent_pid``'s
+    forking thread ends."""
+    return [sys.executable, *INTERPRETER_FLAGS, os.path.abspath(__file__), str(parent_pid), *argv]
+
+
+def die_with(parent_pid: int) -> None:
+    """SIGKILL this process when the thread that forked it ends; at once if ``parent_pid`` is
+    already gone (it died between the fork and this call: the signal would never come).
+    Raises OSError where prctl fails. Also called by a warm interpreter (``worker/warm_interpreter.py``)."""
     import ctypes
 
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _starting_environment() -> dict:
@@ -58,13 +74,9 @@ def _starting_environment() -> dict:
 def main(argv: list) -> None:
     parent_pid, program = int(argv[1]), argv[2]
     try:
-        _set_death_signal()
+        die_with(parent_pid)
     except (OSError, AttributeError) as exc:  # the parent checked prctl works: not expected
         print(f"eft: {program} not tied to its parent ({exc}); it may outlive a killed parent", file=sys.stderr)
-    else:
-        if os.getppid() != parent_pid:
-            # The parent died between fork and prctl: the signal will never come. Die as it would have.
-            os.kill(os.getpid(), signal.SIGKILL)
     # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec:
     # give the program the dispositions Popen(restore_signals=True) gives it (torchrun's workers).
     for name in ("SIGPIPE", "SIGXFSZ"):

@@ -34,14 +34,11 @@ from collections.abc import Collection, Iterator
 
 from torch.distributed.elastic.agent.server.api import WorkerSpec
 
-from elasticft.store.server import DEATH_SIGNAL_SHIM
+from elasticft import pdeathsig_exec
 
 log = logging.getLogger(__name__)
 
-SHIM = DEATH_SIGNAL_SHIM
-# -I -S: a bare interpreter (no site, no PYTHON* variables) starts fastest and imports
-# nothing of the job's; the shim needs only the standard library.
-SHIM_INTERPRETER_FLAGS = ("-I", "-S")
+SHIM = os.path.abspath(pdeathsig_exec.__file__)
 # Seconds to wait for killed helpers to be gone (a SIGKILLed process goes at once unless
 # stuck in the kernel, e.g. in a GPU driver call; then the restart goes on without it).
 HELPERS_GONE_TIMEOUT = 5.0
@@ -71,12 +68,13 @@ def _warn_off_main_thread() -> None:
 
 def guarded_command(entrypoint: str, args: tuple, agent_pid: int) -> tuple[str, tuple]:
     """The entrypoint and arguments that run ``entrypoint args`` through the shim."""
-    return sys.executable, (*SHIM_INTERPRETER_FLAGS, str(SHIM), str(agent_pid), entrypoint, *args)
+    program, *shim_args = pdeathsig_exec.command(agent_pid, (entrypoint, *args))
+    return program, tuple(shim_args)
 
 
 def unguarded_command(argv: tuple) -> tuple[str, tuple]:
     """The program and arguments of a command ``guarded_command`` may have put the shim in front of."""
-    prefix = (sys.executable, *SHIM_INTERPRETER_FLAGS, str(SHIM))
+    prefix = tuple(pdeathsig_exec.command(0, ())[:-1])  # the shim's command without the pid
     if tuple(argv[:len(prefix)]) == prefix and len(argv) > len(prefix) + 1:
         return argv[len(prefix) + 1], tuple(argv[len(prefix) + 2:])
     return argv[0], tuple(argv[1:])

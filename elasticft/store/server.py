@@ -13,7 +13,6 @@ import logging
 import os
 import shutil
 import socket
-import sys
 import subprocess
 import tempfile
 import time
@@ -24,9 +23,6 @@ from elasticft import pdeathsig_exec
 from elasticft.store.client import StoreError, StoreOptions, connect
 
 log = logging.getLogger(__name__)
-
-# The death-signal shim, run by path by a bare interpreter (-I -S: no site, nothing of the job's).
-DEATH_SIGNAL_SHIM = Path(pdeathsig_exec.__file__)
 
 
 class EtcdNotFound(RuntimeError):
@@ -78,7 +74,7 @@ def dies_with_this_process(command: Sequence[str]) -> list[str]:
     terminal's Ctrl-C, a scheduler's killpg) then reach the launcher, not the child; the
     launcher stops etcd last, after its workers' final save, which may still need it.
     """
-    return [sys.executable, "-I", "-S", str(DEATH_SIGNAL_SHIM), str(os.getpid()), *command]
+    return pdeathsig_exec.command(os.getpid(), command)
 
 
 class EmbeddedEtcd:

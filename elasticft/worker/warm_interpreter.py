@@ -30,18 +30,9 @@ import sys
 import types
 
 from elasticft.contract.warm_start import Handoff, Spawn, changed_variables, parse_python_command, reply_line
+from elasticft.pdeathsig_exec import die_with
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 MAX_HANDOFF = 1 << 22  # bytes of one handoff message (the environment dominates)
-
-
-def _die_with_agent(agent_pid: int) -> None:
-    import ctypes
-
-    if ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
-    if os.getppid() != agent_pid:  # the agent died before prctl took effect
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _import_when_idle() -> None:
@@ -258,7 +249,7 @@ def main(argv: list[str]) -> None:
     control = socket.socket(fileno=int(argv[1]))
     spawn = Spawn.decode(argv[2])
     if spawn.die_with_agent:
-        _die_with_agent(spawn.agent_pid)
+        die_with(spawn.agent_pid)
     started_env = dict(os.environ)
     _import_when_idle()
     first = spawn.command.sys_path0(os.getcwd())
