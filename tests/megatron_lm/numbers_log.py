@@ -6,6 +6,10 @@ Megatron's log line rounds the gradient norm to three decimals; the tests compar
 that the last rank (the last pipeline stage, where the loss is) appends one JSON line per
 iteration, with the time it was logged (the benches time restarts by it). Observation only:
 the numbers pass through unchanged, and under eft-run or torchrun alike.
+
+With ``EFT_TEST_SNAPSHOTS`` set to a file, each node's local rank 0 also appends one line per
+memory snapshot it reports finished to its agent (the outbox's ``mem_saved`` message), so a
+test can tell which snapshots a node had written when it was lost.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import time
 
 
 def enable() -> None:
+    _record_snapshots(os.environ.get("EFT_TEST_SNAPSHOTS"))
     path = os.environ.get("EFT_TEST_NUMBERS")
     if not path:
         return
@@ -37,6 +42,43 @@ def enable() -> None:
                         skipped_iter, grad_norm, *args, **kwargs)
 
     training.training_log = training_log
+
+
+def _record_snapshots(path: str | None) -> None:
+    if not path:
+        return
+    from elasticft.contract.run_dir import OutboxKind
+    from elasticft.worker.relay import Outbox
+
+    original = Outbox.send
+
+    def send(self, message: dict):
+        if message.get("type") == OutboxKind.MEM_SAVED:
+            with open(path, "a") as out:
+                out.write(json.dumps({"node": os.environ.get("GROUP_RANK"), "iteration": message["iteration"],
+                                      "time": time.time()}) + "\n")
+        return original(self, message)
+
+    Outbox.send = send
+
+
+def snapshots(path) -> list[dict]:
+    """Every snapshot recorded, in the order the nodes finished them."""
+    with open(path) as lines:
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def first_redone(path) -> dict | None:
+    """The first iteration logged again (a restarted generation's first step), or None."""
+    reached = 0
+    with open(path) as lines:
+        for line in lines:
+            if line.strip():
+                record = json.loads(line)
+                if record["iteration"] <= reached:
+                    return record
+                reached = record["iteration"]
+    return None
 
 
 def read(path) -> dict[int, dict]:
