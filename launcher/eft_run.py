@@ -41,7 +41,6 @@ from elasticft.agent.context import EtcdTarget
 from elasticft.agent.restart_budget import NoProgress
 from elasticft.config import ConfigError, Settings
 from elasticft.contract.exit_codes import ExitCode
-from elasticft.contract.faults import parse_faults
 from elasticft.contract.keys import RunKeys
 from elasticft.megatron_lm.mode import worker_environment as megatron_lm_environment
 from elasticft.planner.layout import NoLegalLayout
@@ -249,7 +248,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_args(args)
-        parse_faults(settings.ft.inject)  # a malformed --eft-inject fails here, in one line
         if settings.ckpt.kill_switch_present():
             # A queued job (e.g. a SLURM array) burns through at once instead of working.
             print(f"eft-run: kill switch {settings.ckpt.kill_switch} is present; not starting", file=sys.stderr)

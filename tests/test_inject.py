@@ -1,9 +1,11 @@
 """Fault injection: the spec, and which worker acts (the demo tests run the faults for real)."""
 
+import re
+
 import pytest
 
-from elasticft.config import ConfigError, RiskConfig
-from elasticft.contract.faults import Fault, parse_faults
+from elasticft.config import ConfigError, FTConfig, RiskConfig
+from elasticft.contract.faults import Fault, FaultSpecError, parse_faults
 from elasticft.contract.run_dir import DEGRADE_MARKER
 from elasticft.health import RiskModel
 from elasticft.health.injected import InjectedGpuSource
@@ -13,9 +15,12 @@ from elasticft.worker.inject import FaultInjector
 def test_parse_faults():
     assert parse_faults(" gpu_degrade:2@8, node_lost:1@10 ") == [Fault("gpu_degrade", 2, 8), Fault("node_lost", 1, 10)]
     assert parse_faults("") == []
-    for bad in ("gpu_melt:1@2", "rank_killed:1", "node_lost:x@3"):
-        with pytest.raises(ConfigError, match="--eft-inject"):
+    for bad in ("gpu_melt:1@2", "rank_killed:1", "node_lost:x@3", "nan:0@3*"):
+        with pytest.raises(FaultSpecError, match=re.escape(repr(bad))):
             parse_faults(bad)
+        # The knob names its flag: one line for the user, before anything starts.
+        with pytest.raises(ConfigError, match=f"^--eft-inject: .*{re.escape(repr(bad))}$"):
+            FTConfig(inject=f"rank_killed:0@1,{bad}")
 
 
 def test_only_the_target_acts_once_and_degrades_its_gpu(tmp_path):

@@ -23,7 +23,7 @@ from elasticft.agent.restart_budget import (
     quote,
     report_cycle,
 )
-from elasticft.config import ConfigError, RestartConfig
+from elasticft.config import ConfigError, FTConfig, RestartConfig
 from elasticft.contract.events import EventKind
 from elasticft.contract.exit_codes import ExitCode
 from elasticft.contract.faults import Fault, FaultKind, parse_faults
@@ -297,7 +297,7 @@ def test_parse_repeating_faults():
     assert parse_faults("rank_killed:1@8") == [Fault(FaultKind.RANK_KILLED, 1, 8, repeat=False)]
     for bad, needle in (("rank_killed:1@8**", "KIND:TARGET@ITERATION[*]"), ("node_lost:1@8*", "can repeat")):
         with pytest.raises(ConfigError, match=r"--eft-inject.*" + needle.replace("[", r"\[").replace("*", r"\*")):
-            parse_faults(bad)
+            FTConfig(inject=bad)
 
 
 INJECTED = """

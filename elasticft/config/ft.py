@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from elasticft.config.knobs import ConfigError, flag_name, knob
+from elasticft.contract.faults import FaultSpecError, parse_faults
 
 # A lease shorter than this expires on a busy host whose keep-alive is a little late:
 # the node would be taken for lost while it is fine. --rdzv-conf lease_ttl obeys it too.
@@ -68,6 +69,10 @@ class FTConfig:
         if self.node_id and not NODE_ID.fullmatch(self.node_id):
             raise ConfigError(f"{flag_name('node_id')}: expected 1 to 128 letters, digits, '.', '_' or '-', not "
                               f"starting with '.' or '-' (it names an etcd key and files), got {self.node_id!r}")
+        try:
+            parse_faults(self.inject)
+        except FaultSpecError as exc:
+            raise ConfigError(f"{flag_name('inject')}: {exc}") from None
 
     @property
     def attribution_window(self) -> float:

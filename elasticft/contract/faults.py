@@ -45,7 +45,6 @@ import enum
 import re
 from dataclasses import dataclass
 
-from elasticft.config.knobs import ConfigError, flag_name
 
 
 class FaultKind(enum.StrEnum):
@@ -85,19 +84,19 @@ class Fault:
         return f"{self.kind}-{self.target}-{self.iteration}"
 
 
+class FaultSpecError(ValueError):
+    """A malformed fault list; the message says what was expected. ``FTConfig`` names the flag."""
+
+
 def parse_faults(spec: str) -> list[Fault]:
-    """``gpu_degrade:2@8,node_lost:1@10,rank_killed:1@8*`` -> faults; a clear ConfigError otherwise."""
+    """``gpu_degrade:2@8,node_lost:1@10,rank_killed:1@8*`` -> faults; a clear FaultSpecError otherwise."""
     faults = []
     for item in filter(None, (part.strip() for part in spec.split(","))):
         match = _SPEC.match(item)
         if not match or match["kind"] not in KINDS:
-            raise ConfigError(
-                f"{flag_name('inject')}: expected KIND:TARGET@ITERATION[*] with KIND one of "
-                f"{', '.join(KINDS)}, got {item!r}"
-            )
+            raise FaultSpecError(f"expected KIND:TARGET@ITERATION[*] with KIND one of {', '.join(KINDS)}, got {item!r}")
         kind, repeat = FaultKind(match["kind"]), bool(match["repeat"])
         if repeat and kind not in REPEATABLE:
-            raise ConfigError(f"{flag_name('inject')}: only {' and '.join(REPEATABLE)} can repeat (@ITERATION*), "
-                              f"got {item!r}")
+            raise FaultSpecError(f"only {' and '.join(REPEATABLE)} can repeat (@ITERATION*), got {item!r}")
         faults.append(Fault(kind, int(match["target"]), int(match["iteration"]), repeat))
     return faults
