@@ -32,10 +32,15 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 INTERPRETER_FLAGS = ("-I", "-S")
 
 
+def shim_command() -> list:
+    """The interpreter and this file: what ``command`` puts before the parent's pid."""
+    return [sys.executable, *INTERPRETER_FLAGS, os.path.abspath(__file__)]
+
+
 def command(parent_pid: int, argv) -> list:
     """The command that runs ``argv`` through this shim, SIGKILLed when ``parent_pid``'s
     forking thread ends."""
-    return [sys.executable, *INTERPRETER_FLAGS, os.path.abspath(__file__), str(parent_pid), *argv]
+    return [*shim_command(), str(parent_pid), *argv]
 
 
 def die_with(parent_pid: int) -> None:

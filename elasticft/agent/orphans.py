@@ -74,7 +74,7 @@ def guarded_command(entrypoint: str, args: tuple, agent_pid: int) -> tuple[str, 
 
 def unguarded_command(argv: tuple) -> tuple[str, tuple]:
     """The program and arguments of a command ``guarded_command`` may have put the shim in front of."""
-    prefix = tuple(pdeathsig_exec.command(0, ())[:-1])  # the shim's command without the pid
+    prefix = tuple(pdeathsig_exec.shim_command())
     if tuple(argv[:len(prefix)]) == prefix and len(argv) > len(prefix) + 1:
         return argv[len(prefix) + 1], tuple(argv[len(prefix) + 2:])
     return argv[0], tuple(argv[1:])

@@ -46,7 +46,6 @@ import re
 from dataclasses import dataclass
 
 
-
 class FaultKind(enum.StrEnum):
     """What an injected fault does (the module's docstring says how)."""
 
