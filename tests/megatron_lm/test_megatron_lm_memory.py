@@ -25,9 +25,9 @@ import torch
 from bench.launch import Launched
 from bench.megatron_lm import ENV, MODEL
 from elasticft.store import EmbeddedEtcd
-from elasticft.config import ReplicationConfig
 from tests.megatron_lm.numbers_log import first_redone, read, snapshots
 from tests.megatron_lm.test_megatron_lm_e2e import RESUMED, leftovers
+from tests.memory_lag import assert_resumed_within_the_lag
 
 # Longer than the longest wait below (tests/test_waits.py): a late job fails with its own message.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -94,25 +94,18 @@ def lose_a_node(out: Path, mem_ckpt_interval: int) -> tuple[int, str, int, dict[
     return int(found[0]) if found[0].isdigit() else 0, found[1], redone, read(out / "numbers.jsonl")
 
 
-def assert_resumed_within_the_lag(out: Path, resumed: int) -> None:
-    """The lost node's share comes from its replica: the job resumes from a snapshot every node
-    wrote before the loss, at most max-lag + 1 snapshots behind the newest each wrote (past
-    --eft-mem-ckpt-max-lag the snapshots back off until replication catches up). Where in that
-    window depends on how fast replicas travel: 1 or 2 iterations on a quiet machine, 3 when
-    they were slow (a timing, not the product failing)."""
+def snapshots_before_the_restart(out: Path, node: str) -> list[int]:
+    """The iterations node ``node`` (its group rank) finished a snapshot of before the restart."""
     restarted = first_redone(out / "numbers.jsonl")["time"]
-    before = [s for s in snapshots(out / "snapshots.jsonl") if s["time"] < restarted]
-    for node in ("0", "1"):
-        written = [s["iteration"] for s in before if s["node"] == node]
-        assert resumed in written and len([i for i in written if i > resumed]) <= \
-            ReplicationConfig().mem_ckpt_max_lag + 1, (node, resumed, written)
+    return [s["iteration"] for s in snapshots(out / "snapshots.jsonl") if s["time"] < restarted and s["node"] == node]
 
 
 def test_a_lost_node_resumes_from_memory_at_the_new_layout_and_without_the_tier_from_scratch(
         reference, tmp_path, capsys):
     resumed, source, redone, numbers = lose_a_node(tmp_path / "memory", 1)
     assert source == "memory" and resumed <= LOSE_AT and redone == LOSE_AT - resumed
-    assert_resumed_within_the_lag(tmp_path / "memory", resumed)
+    for node in ("0", "1"):  # every node's part of it, the lost node's from its replica
+        assert_resumed_within_the_lag(resumed, snapshots_before_the_restart(tmp_path / "memory", node), node)
     # Every iteration, the re-done ones from the resharded state included: the uninterrupted run's numbers.
     assert sorted(numbers) == sorted(reference) == list(range(1, ITERS + 1))
     for iteration, expected in reference.items():
