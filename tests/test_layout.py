@@ -30,6 +30,8 @@ FORBIDDEN = {
     "elasticft.tui": ("elasticft.agent", "launcher"),
     "elasticft.torch_seam": ("elasticft.", "launcher"),
     "elasticft.megatron_seam": ("elasticft.", "launcher"),
+    # the versions eft runs with, read before torch is imported: the standard library only
+    "elasticft.versions": ("elasticft.", "launcher"),
     # inside a Megatron-LM worker: the worker's side of eft, Megatron's seam, the contract
     "elasticft.megatron_lm": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
                               "elasticft.health", "elasticft.store", "elasticft.memckpt",
@@ -54,6 +56,9 @@ FORBIDDEN = {
 # What the contract may import: itself, and the package's face for the version. It is the ground
 # floor: everything stands on it, so it stands on nothing of eft's.
 CONTRACT_ALLOWED = ("elasticft.contract",)
+# Beneath every floor but the contract: the versions eft runs with (elasticft/versions.py, the
+# standard library only), which the seams judge the installed libraries by.
+GROUND = ("elasticft.versions",)
 
 
 def module_name(path: Path) -> str:
@@ -118,6 +123,8 @@ def test_no_import_runs_up_from_a_floor(floor):
                 if target != "elasticft" and not any(target == allowed or target.startswith(allowed + ".")
                                                      for allowed in CONTRACT_ALLOWED):
                     bad.append(f"{module} -> {target}")
+            elif target in GROUND or target == floor or target.startswith(floor + "."):
+                continue  # the ground, or the floor's own modules
             elif any(target == f.rstrip(".") or target.startswith(f if f.endswith(".") else f + ".")
                      or target == f for f in FORBIDDEN[floor]):
                 bad.append(f"{module} -> {target}")

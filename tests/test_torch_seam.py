@@ -1,4 +1,4 @@
-"""The private torch names eft relies on (elasticft/torch_seam.py), against the installed torch.
+"""The private torch names eft relies on (elasticft/torch_seam/), against the installed torch.
 
 A torch upgrade that renames or reshapes one of them fails here, in the fast suite,
 instead of silently bringing back the bug its workaround exists for. Where it can,
@@ -8,10 +8,8 @@ its rendezvous sanitizer, its error-file reader) rather than only the name.
 
 import inspect
 import json
-import os
 import pickle
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -27,10 +25,6 @@ from packaging.requirements import Requirement
 from torch.distributed.elastic.agent.server.api import WorkerSpec
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-from torch.distributed.elastic.multiprocessing.errors import (
-    ChildFailedError,
-    ProcessFailure,
-)
 from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
@@ -40,10 +34,11 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 from torch.distributed.launcher.api import LaunchConfig, launch_agent
 
-from elasticft import torch_seam
+from elasticft import torch_seam, versions
 from elasticft.torch_seam import TorchSeamError
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.seam  # the compatibility lanes run it on every torch (.ci/run)
 
 
 class MemoryBackend(RendezvousBackend):
@@ -71,9 +66,9 @@ class MemoryBackend(RendezvousBackend):
         return torch_seam.aged_rendezvous_state(self.bits, self.lost), self.token, swapped
 
 
-def dynamic_handler(backend: RendezvousBackend | None = None) -> DynamicRendezvousHandler:
+def dynamic_handler(backend: RendezvousBackend | None = None, max_nodes: int = 2) -> DynamicRendezvousHandler:
     return DynamicRendezvousHandler.from_backend(
-        run_id="seam", store=dist.HashStore(), backend=backend or MemoryBackend(), min_nodes=1, max_nodes=2)
+        run_id="seam", store=dist.HashStore(), backend=backend or MemoryBackend(), min_nodes=1, max_nodes=max_nodes)
 
 
 def local_agent(tmp_path) -> LocalElasticAgent:
@@ -82,15 +77,26 @@ def local_agent(tmp_path) -> LocalElasticAgent:
     return LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path / "logs")))
 
 
-# -- the version the seam was checked against ----------------------------------------
+# -- the versions the seam is checked against ------------------------------------------
 
 
-def test_the_torch_pin_and_the_seam_name_the_installed_torch():
-    installed = torch.__version__.split("+")[0]
-    assert installed.startswith(torch_seam.CHECKED_TORCH + "."), "review elasticft/torch_seam.py for this torch"
+def test_the_installed_torch_is_one_eft_is_tested_with():
+    """CI runs this module on every torch minor of the range; a newer one runs untested."""
+    verdict = versions.judge(versions.TORCH, versions.installed(versions.TORCH))
+    assert versions.release(verdict.version) == versions.release(torch.__version__)  # metadata may lack +cu128
+    assert verdict.support is versions.Support.TESTED, verdict.line
+
+
+def test_pyproject_admits_every_build_of_the_supported_torches_and_no_older():
+    """pip keeps a container's torch when it satisfies eft's requirement: NGC's pre-release
+    builds sort below their release, and there is no upper bound to push a newer torch out."""
     pin, = [Requirement(line) for line in re.findall(r'^\s*"(torch\b[^"]*)",', (ROOT / "pyproject.toml").read_text(), re.M)]
-    assert pin.specifier.contains(torch.__version__, prereleases=True)
-    assert not pin.specifier.contains("2.14.0") and not pin.specifier.contains("2.12.0")
+    oldest = ".".join(map(str, versions.TORCH.oldest))
+    for build in (f"{oldest}.0a0+50eac811a6", f"{oldest}.0", "2.11.0a0+eb65b36914", "2.13.0+cpu", "2.15.0",
+                  "2.16.0", "3.0.0"):
+        assert pin.specifier.contains(build, prereleases=True), build
+    for older in ("2.8.0", "2.8.0a0+5228986c39"):
+        assert not pin.specifier.contains(older, prereleases=True), older
 
 
 # -- the agent --------------------------------------------------------------------------
@@ -106,8 +112,76 @@ def test_agent_steps_eft_overrides_take_the_parameters_the_seam_expects():
                   and hasattr(LocalElasticAgent, name)}
     # An override of a torch step the seam does not check would break silently on an upgrade.
     assert overridden <= set(torch_seam.AGENT_STEPS), overridden - set(torch_seam.AGENT_STEPS)
-    for step in overridden:
-        assert tuple(inspect.signature(vars(FTElasticAgent)[step]).parameters)[1:] == torch_seam.AGENT_STEPS[step]
+    for step in overridden:  # torch's parameters first; any more must have defaults (torch never passes them)
+        parameters = list(inspect.signature(vars(FTElasticAgent)[step]).parameters.values())[1:]
+        expected = torch_seam.AGENT_STEPS[step]
+        assert tuple(p.name for p in parameters[:len(expected)]) == expected, step
+        assert all(p.default is not p.empty for p in parameters[len(expected):]), step
+
+
+def test_the_shutdown_branch_is_the_shape_of_the_installed_torchs_step():
+    takes = tuple(inspect.signature(LocalElasticAgent._shutdown).parameters)[1:]
+    assert torch_seam.SHUTDOWN_TAKES_TIMEOUT is torch_seam.SHUTDOWN_SHAPES[takes]
+    assert torch_seam.SHUTDOWN_TAKES_TIMEOUT is (versions.release(torch.__version__)[:2] >= (2, 12))
+
+
+STUBBORN = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *_: (time.sleep({linger}), open(sys.argv[1], 'w').write('saved'),\n"
+            "                                           sys.exit(0)))\n"
+            "open(sys.argv[1] + '.up', 'w').close()\n"
+            "time.sleep(120)\n")
+
+
+def started_worker(tmp_path, linger: float):
+    """A real worker process under torch's process context, that takes ``linger`` s to save
+    after SIGTERM (a signalled job's rank writing its checkpoint)."""
+    from torch.distributed.elastic.multiprocessing import start_processes
+
+    marker = tmp_path / f"saved-{linger}"
+    context = start_processes("seam", sys.executable, {0: ("-c", STUBBORN.format(linger=linger), str(marker))},
+                              {0: {}}, DefaultLogsSpecs(log_dir=str(tmp_path / f"logs-{linger}")))
+    up = Path(str(marker) + ".up")
+    deadline = time.monotonic() + 60
+    while not up.exists() and time.monotonic() < deadline:  # its handler is installed: an event, not a guess
+        assert not context.wait(timeout=0.05) or False, "the worker ended before it was up"
+    return context, marker
+
+
+@pytest.mark.parametrize("grace,saves", [(30, True), (1, False)], ids=["long-grace-saves", "short-grace-kills"])
+def test_shutdown_gives_the_workers_the_grace_on_every_torch(tmp_path, grace, saves):
+    """The grace between the stop signal and SIGKILL is what lets a signalled job save: torch 2.12+
+    passes it through its step, older torches through the process context's close."""
+    import signal as signals
+
+    agent = local_agent(tmp_path)
+    context, marker = started_worker(tmp_path, linger=4)
+    agent._pcontext = context
+    began = time.monotonic()
+    torch_seam.shutdown(agent._shutdown, agent, signals.SIGTERM, grace)
+    took = time.monotonic() - began
+    assert marker.exists() is saves
+    assert (took >= 4) if saves else (took < 4)  # the save took 4 s; a 1 s grace ended it first
+    assert "close" not in vars(context)  # the context's own close again
+
+
+def test_worker_envs_filled_reach_the_workers_torchs_agent_starts(tmp_path, monkeypatch):
+    """Through torch's own agent and rendezvous: every worker's variables pass the fill, with
+    torch's (RANK...) already in them; outside the block, nothing is filled."""
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    script = "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1] + os.environ['LOCAL_RANK'], 'w'))"
+
+    def run(out: Path):
+        spec = WorkerSpec(role="trainer", local_world_size=2, rdzv_handler=dynamic_handler(max_nodes=1),
+                          entrypoint=sys.executable, args=("-c", script, str(out)), max_restarts=0)
+        assert not LocalElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path / out.name))).run().is_failed()
+        return [json.loads(Path(f"{out}{rank}").read_text()) for rank in (0, 1)]
+
+    seen = []
+    with torch_seam.worker_envs_filled(lambda env, local_rank: (seen.append(env["RANK"]),
+                                                                 env.update(FILLED=f"r{local_rank}"))):
+        filled = run(tmp_path / "filled-")
+    assert [env["FILLED"] for env in filled] == ["r0", "r1"] and sorted(seen) == ["0", "1"]
+    assert all("FILLED" not in env for env in run(tmp_path / "plain-"))
 
 
 def test_agent_attributes_read_through_the_seam(tmp_path):
@@ -268,110 +342,3 @@ def test_parse_rendezvous_config_is_torchruns():
     for malformed in ("a", "=1", "a=1,,b=2"):
         with pytest.raises(ValueError):
             torch_seam.parse_rendezvous_config(malformed)
-
-
-# -- error files ---------------------------------------------------------------------
-
-
-def test_error_file_reads_back_through_torchs_process_failure(tmp_path):
-    message = "HangDetected: rank 3 has been in section 'step' for 9.0 s"
-    path = torch_seam.write_error_file(tmp_path / "hang-3.json", message)
-    failure = ProcessFailure(local_rank=3, pid=4242, exitcode=1, error_file=path)
-    assert failure.error_file == path and failure.message["message"] == message
-    assert abs(failure.timestamp - time.time()) < 60
-    report = ChildFailedError("train.py", {3: failure}).format_msg()
-    assert re.search(r"error_file: .*hang-3\.json", report) and message in report
-
-
-# -- the worker's process group (eft report's restart phases) ----------------------------
-
-
-def test_init_process_group_marks_the_end_of_imports_and_of_the_process_group(tmp_path):
-    """Through elasticft.torch_seam: torch's own init_process_group, wrapped, forms a real group."""
-    script = (
-        "import json, time, torch.distributed as dist\n"
-        "from torch.distributed import distributed_c10d\n"
-        "from elasticft.worker import phases\n"
-        "phases.watch_process_group(); phases.watch_process_group()  # idempotent\n"
-        "before = time.time()\n"
-        "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1)\n"
-        "assert dist.is_initialized() and dist.get_world_size() == 1\n"
-        "print(json.dumps({'before': before, 'after': time.time(), 'stamps': phases.stamps(),\n"
-        "                  'wrapped': hasattr(dist.init_process_group, 'eft_observed'),\n"
-        "                  'one': distributed_c10d.init_process_group is dist.init_process_group}))\n")
-
-    def run(**env) -> dict:
-        environ = {k: v for k, v in os.environ.items() if k != "EFT_RUN_DIR"}
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                              cwd=ROOT, env={**environ, **env})
-        assert done.returncode == 0, done.stderr[-2000:]
-        return json.loads(done.stdout.splitlines()[-1])
-
-    seen = run(EFT_RUN_DIR=str(tmp_path))
-    assert seen["wrapped"] and seen["one"]
-    assert seen["before"] <= seen["stamps"]["imports"] <= seen["stamps"]["process_group"] <= seen["after"]
-    plain = run()  # plain torchrun: nothing wrapped, nothing marked
-    assert not plain["wrapped"] and plain["stamps"] == {}
-
-
-# -- torch_dist checkpoints: where items lie, and a load that reads them by ranges -------------
-
-
-def dcp_checkpoint(folder: Path) -> dict:
-    import warnings
-
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemWriter
-
-    state = {f"w{i}": torch.arange(100 * (i + 1), dtype=torch.float32) for i in range(4)}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to save in a single process"
-        dcp.save(state, storage_writer=FileSystemWriter(str(folder), thread_count=1), no_dist=True)
-    return state
-
-
-def test_storage_locations_name_each_items_bytes_in_the_file(tmp_path):
-    from torch.distributed.checkpoint import FileSystemReader
-
-    dcp_checkpoint(tmp_path)
-    items = sorted(torch_seam.storage_location(info)
-                   for info in FileSystemReader(str(tmp_path)).read_metadata().storage_data.values())
-    assert {name for name, _, _ in items} == {"__0_0.distcp"}
-    ends = [0] + [offset + length for _, offset, length in items]
-    assert [offset for _, offset, _ in items] == ends[:-1]  # back to back, to the end of the file
-    assert ends[-1] == (tmp_path / "__0_0.distcp").stat().st_size
-
-
-def test_a_ranged_read_opens_the_checkpoints_files_through_the_opener_with_its_plans_items(tmp_path):
-    import io
-    import warnings
-
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
-
-    original = FileSystemReader.read_data
-    ours, other = tmp_path / "ours", tmp_path / "other"
-    state = dcp_checkpoint(ours)
-    dcp_checkpoint(other)
-    locations = {k.fqn: torch_seam.storage_location(v)
-                 for k, v in FileSystemReader(str(ours)).read_metadata().storage_data.items()}
-    opened = []
-
-    def opener(name, wanted):
-        opened.append((name, sorted(wanted)))
-        return io.BytesIO((ours / name).read_bytes())
-
-    def load(folder: Path, keys: list[str]) -> dict:
-        target = {k: torch.empty_like(state[k]) for k in keys}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load(target, storage_reader=FileSystemReader(str(folder)), no_dist=True)
-        return target
-
-    with torch_seam.ranged_storage_reads(ours, opener):
-        loaded = load(ours, ["w1", "w3"])
-        load(other, ["w0"])  # another checkpoint: read as before
-        assert FileSystemReader.read_data is not original
-    assert FileSystemReader.read_data is original
-    assert all(torch.equal(loaded[k], state[k]) for k in loaded)
-    assert opened == [("__0_0.distcp", sorted(locations[k][1:] for k in ("w1", "w3")))]

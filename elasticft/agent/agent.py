@@ -301,17 +301,13 @@ class FTElasticAgent(LocalElasticAgent):
             # A spare node: nothing to run until the next membership change.
             torch_seam.forget_worker_processes(self)
             return {}
-        with workers_die_with_agent(worker_group.spec, self._settings.ft.die_with_agent), self._warm.handlers():
+        # Under SLURM each worker's SLURM_PROCID etc. become its own, not its agent's.
+        with workers_die_with_agent(worker_group.spec, self._settings.ft.die_with_agent), self._warm.handlers(), \
+                torch_seam.worker_envs_filled(lambda env, _: env.update(slurm_worker_env(env, os.environ))):
             pids = super()._start_workers(worker_group)
         self._sessions = set(pids.values())
         self._stops.stamp(RestartPhase.SPAWN)
         return pids
-
-    def _set_local_rank_env(self, worker_env: dict, local_rank: int, spec: WorkerSpec) -> None:
-        """torch fills one worker's variables here (a step in torch_seam.AGENT_STEPS):
-        under SLURM the worker's SLURM_PROCID etc. become its own, not its agent's."""
-        super()._set_local_rank_env(worker_env, local_rank, spec)
-        worker_env.update(slurm_worker_env(worker_env, os.environ))
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         """Stop the workers with the signal the last decision chose (SIGTERM by default).
@@ -351,11 +347,12 @@ class FTElasticAgent(LocalElasticAgent):
     def _shutdown(self, death_sig=None, timeout: int = 30) -> None:
         """Stop the workers when the agent ends; after an exit signal, give them the grace
         period to save. torch calls this with the signal's number when the agent is
-        signalled, with none when the agent ends otherwise."""
+        signalled, with none when the agent ends otherwise (and, from torch 2.12 on, with its own
+        timeout; before, never: this default is the grace then)."""
         if death_sig is None:
-            super()._shutdown(signal.SIGTERM, timeout)
+            torch_seam.shutdown(super()._shutdown, self, signal.SIGTERM, timeout)
         else:
-            super()._shutdown(death_sig, self._ckpt.shutdown_timeout(death_sig, timeout))
+            torch_seam.shutdown(super()._shutdown, self, death_sig, self._ckpt.shutdown_timeout(death_sig, timeout))
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         self._services.show_injected_fault()

@@ -231,3 +231,25 @@ def _num(value: Any) -> float | None:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def driver_summary(nvml: Any = None) -> str:
+    """NVML's driver and GPUs in one line (``eft doctor``, ``eft-run --version``), or why there
+    is no NVML here: the sampler's risk scores need it, and a CPU machine has none."""
+    try:
+        if nvml is None:
+            import pynvml as nvml
+    except ImportError as exc:
+        return f"not available: nvidia-ml-py is not installed ({exc})"
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        return f"not available: {exc}"
+    try:
+        count = nvml.nvmlDeviceGetCount()
+        names = sorted({_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)})
+        return f"driver {_text(nvml.nvmlSystemGetDriverVersion())}, {count} GPU(s): {', '.join(names) or '-'}"
+    except nvml.NVMLError as exc:
+        return f"initialised, but cannot list the GPUs: {exc}"
+    finally:
+        nvml.nvmlShutdown()

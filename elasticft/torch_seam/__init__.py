@@ -1,4 +1,5 @@
-"""The one module that touches torch's private names.
+"""The one place that touches torch's private names (this module, and ``worker_side.py``
+for the workers' part, whose names it re-exports).
 
 eft reuses torch's elastic agent, its dynamic rendezvous and torchrun's launch path,
 and works around a few of their behaviours through names torch does not promise to
@@ -10,8 +11,10 @@ bringing back the bugs these workarounds exist for:
   checked when this module is imported, and raise ``TorchSeamError``;
 * attributes torch sets on instances are checked at first use, with the same error.
 
-``tests/test_torch_seam.py`` asserts all of it against the installed torch, and
-``pyproject.toml`` pins torch to the minor release that test was run with.
+``tests/test_torch_seam.py`` asserts all of it against the installed torch; CI runs it on
+every torch minor of ``versions.TORCH`` (2.9 to the newest). Where torches of that range
+differ in what eft relies on, the difference is a named branch here (``SHUTDOWN_TAKES_TIMEOUT``),
+checked at import against the two shapes eft knows, so that a third fails loudly.
 """
 
 from __future__ import annotations
@@ -20,13 +23,10 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-import json
-import os
 import pickle
-import time
+import threading
 from collections.abc import Callable, Collection, Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,17 +36,16 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
 )
 
-# The torch release this seam was last checked against (see tests/test_torch_seam.py).
-CHECKED_TORCH = "2.13"
+from elasticft.versions import TORCH, SeamError
 
 
-class TorchSeamError(RuntimeError):
+class TorchSeamError(SeamError):
     """torch no longer has a private name or shape that eft relies on."""
 
     def __init__(self, what: str):
         super().__init__(
-            f"torch {torch.__version__}: {what}; eft's torch seam (elasticft/torch_seam.py) "
-            f"was checked against torch {CHECKED_TORCH} and needs updating"
+            f"torch {torch.__version__}: {what}; eft's torch seam (elasticft/torch_seam/) "
+            f"was checked against {TORCH.range_text()} and needs updating"
         )
 
 
@@ -65,9 +64,16 @@ except ImportError as exc:
 # How far back a lost node's heartbeat is moved: far beyond any keep-alive timeout.
 HEARTBEAT_AGE = timedelta(days=1)
 
+# torch 2.12 gave the agent's _shutdown a grace period (``timeout``, passed on to the process
+# context's close); before it, _shutdown(death_sig) closed with close()'s default 30 s.
+SHUTDOWN_SHAPES = {("death_sig", "timeout"): True, ("death_sig",): False}
+SHUTDOWN_PARAMS = tuple(inspect.signature(LocalElasticAgent._shutdown).parameters)[1:]
+SHUTDOWN_TAKES_TIMEOUT = SHUTDOWN_SHAPES.get(SHUTDOWN_PARAMS)
+
 # The agent steps FTElasticAgent overrides, with the parameters torch passes them.
 # A step torch renamed or re-parameterised would leave an override that is never
-# called (or called wrongly), with no error: hence the check at import.
+# called (or called wrongly), with no error: hence the check at import. An override may
+# take more parameters than torch passes, with defaults (``_shutdown``'s timeout before 2.12).
 AGENT_STEPS: dict[str, tuple[str, ...]] = {
     "_rendezvous": ("worker_group",),
     "_assign_worker_ranks": ("store", "group_rank", "group_world_size", "spec"),
@@ -75,9 +81,7 @@ AGENT_STEPS: dict[str, tuple[str, ...]] = {
     "_monitor_workers": ("worker_group",),
     "_restart_workers": ("worker_group",),
     "_stop_workers": ("worker_group",),
-    "_shutdown": ("death_sig", "timeout"),
-    # one worker's variables, filled in place: the SLURM rank variables (slurm/worker_env.py)
-    "_set_local_rank_env": ("worker_env", "local_rank", "spec"),
+    "_shutdown": SHUTDOWN_PARAMS,
 }
 
 
@@ -166,6 +170,73 @@ def agent_class_swapped(factory: Callable[..., LocalElasticAgent]) -> Iterator[N
         launcher_api.LocalElasticAgent = original
 
 
+def shutdown(base: Callable[..., None], agent: LocalElasticAgent, death_sig: Any, timeout: float) -> None:
+    """torch's ``_shutdown`` step (``base``: the agent's ``super()._shutdown``) with ``timeout`` s
+    between ``death_sig`` and SIGKILL, on every torch of the range.
+
+    The grace is what lets a signalled job's workers finish their save. Since 2.12 torch's step
+    takes it and passes it to the process context's ``close``; before, the step called
+    ``close(death_sig)`` with close's default (30 s), so the context's ``close`` is given the
+    grace for this one call.
+    """
+    if SHUTDOWN_TAKES_TIMEOUT:
+        base(death_sig, timeout)
+        return
+    processes = worker_processes(agent)
+    if processes is None:
+        base(death_sig)
+        return
+    processes.close = functools.partial(_attribute(processes, "close"), timeout=timeout)
+    try:
+        base(death_sig)
+    finally:
+        del processes.close  # the class's own again
+
+
+_fill = threading.local()  # the fill of the agent starting workers on this thread
+_fill_installed = threading.Lock()
+
+
+@contextlib.contextmanager
+def worker_envs_filled(fill: Callable[[dict[str, str], int], None]) -> Iterator[None]:
+    """Inside, each worker's variables that the agent's ``_start_workers`` builds pass through
+    ``fill(env, local_rank)`` (in place) before its process starts: under SLURM, the worker's
+    own SLURM_PROCID etc. (``slurm/worker_env.py``).
+
+    torch 2.10 added a step for one worker's variables (``_set_local_rank_env``); 2.9 builds them
+    inline. Every torch of the range hands them, a dict per local rank, to ``start_processes``,
+    which the agent's module looks up at call time (checked at import): eft wraps that, once,
+    and the wrapper applies the fill of the thread that starts workers (none: unchanged).
+    """
+    _install_envs_wrapper()
+    previous, _fill.current = getattr(_fill, "current", None), fill
+    try:
+        yield
+    finally:
+        _fill.current = previous
+
+
+def _install_envs_wrapper() -> None:
+    from torch.distributed.elastic.agent.server import local_elastic_agent as agent_module
+
+    with _fill_installed:
+        original = _attribute(agent_module, "start_processes")
+        if getattr(original, "eft_fills_envs", False):
+            return
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def start_processes(*args, **kwargs):
+            fill = getattr(_fill, "current", None)
+            if fill is not None:
+                for local_rank, env in signature.bind(*args, **kwargs).arguments["envs"].items():
+                    fill(env, local_rank)
+            return original(*args, **kwargs)
+
+        start_processes.eft_fills_envs = True
+        agent_module.start_processes = start_processes
+
+
 # How torch's SubprocessContext asks for one worker process (torch.distributed.elastic.
 # multiprocessing.api): it calls the module-level ``get_subprocess_handler`` by name with these
 # keywords, and a handler's process is whatever its ``_popen(args, env)`` returns.
@@ -251,121 +322,6 @@ def parse_rendezvous_config(text: str) -> dict[str, str]:
     return _parse_rendezvous_config(text)
 
 
-# -- error files -----------------------------------------------------------------------
-
-
-def write_error_file(path: str | Path, message: str) -> str:
-    """Write ``message`` as a worker's error file in torch's format; returns the path.
-
-    torch's ``ProcessFailure`` reads it back, and its failure report (the one torchrun
-    prints when restarts run out) shows ``message``. torch's own writer, ``ErrorHandler``,
-    writes only the current exception to ``$TORCHELASTIC_ERROR_FILE``, which does not
-    fit a failure the agent diagnoses itself. No ``py_callstack``: torch's report shows
-    it *instead of* the message when present.
-    """
-    data = {"message": {"message": message, "extraInfo": {"timestamp": str(int(time.time()))}}}
-    Path(path).write_text(json.dumps(data))
-    return str(path)
-
-
-# -- the worker's process group ---------------------------------------------------------
-
-
-def observe_init_process_group(called: Callable[[], None], returned: Callable[[], None]) -> None:
-    """Have ``called()`` run when this process calls ``torch.distributed.init_process_group``
-    and ``returned()`` when the call returns (``eft report``'s restart phases: the script's
-    imports end at the call, the process group is formed at the return).
-
-    torch offers no callback for it, so eft replaces the public function by a wrapper that
-    calls the original, in the two places a script finds it: ``torch.distributed`` and its
-    ``distributed_c10d`` (one function; a torch that made them two fails here). A script that
-    bound the function before this ran calls the original, unobserved. Idempotent.
-    """
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d
-
-    original = _attribute(distributed_c10d, "init_process_group")
-    if getattr(original, "eft_observed", False):
-        return
-    if _attribute(dist, "init_process_group") is not original:
-        raise TorchSeamError("torch.distributed.init_process_group is not distributed_c10d.init_process_group")
-
-    @functools.wraps(original)
-    def init_process_group(*args, **kwargs):
-        called()
-        result = original(*args, **kwargs)
-        returned()
-        return result
-
-    init_process_group.eft_observed = True
-    _replace_attribute(distributed_c10d, "init_process_group", init_process_group)
-    _replace_attribute(dist, "init_process_group", init_process_group)
-
-
-# -- torch_dist checkpoints: where each storage item lies, and a ranged read of them ------------
-
-
-def storage_location(info: Any) -> tuple[str, int, int]:
-    """(file, offset, length) of one storage item, from torch's ``_StorageInfo`` (the values of a
-    checkpoint's ``Metadata.storage_data``, and a write result's ``storage_data``)."""
-    return (str(_attribute(info, "relative_path")), int(_attribute(info, "offset")),
-            int(_attribute(info, "length")))
-
-
-@contextlib.contextmanager
-def ranged_storage_reads(directory: str | Path,
-                         open_stream: Callable[[str, list[tuple[int, int]]], Any]) -> Iterator[None]:
-    """Inside, torch's ``FileSystemReader`` loading the checkpoint ``directory`` opens each data file
-    through ``open_stream(name, [(offset, length) of the plan's items in it])``, which returns a
-    seekable binary stream or None (the file as it is); other checkpoints are read as before.
-
-    torch's ``read_data`` (the public StorageReader step) opens each file of its plan once through
-    ``self.fs.create_stream(path, "rb")`` and reads each item from it (seek, read): the one place
-    that knows which bytes a rank needs. Megatron-core's readers subclass it.
-    """
-    from torch.distributed.checkpoint import FileSystemReader
-
-    original = _attribute(FileSystemReader, "read_data")
-    target = os.path.realpath(directory)
-
-    @functools.wraps(original)
-    def read_data(self, plan, planner):
-        if os.path.realpath(_attribute(self, "path")) != target:
-            return original(self, plan, planner)
-        wanted: dict[str, list[tuple[int, int]]] = {}
-        for item in plan.items:
-            name, offset, length = storage_location(_attribute(self, "storage_data")[item.storage_index])
-            wanted.setdefault(name, []).append((offset, length))
-        fs = _attribute(self, "fs")
-        self.fs = _RoutedFileSystem(fs, target, wanted, open_stream)
-        try:
-            return original(self, plan, planner)
-        finally:
-            self.fs = fs
-
-    FileSystemReader.read_data = read_data
-    try:
-        yield
-    finally:
-        FileSystemReader.read_data = original
-
-
-class _RoutedFileSystem:
-    """A FileSystemReader's ``fs`` for one ``read_data``: the opens ``open_stream`` takes, the rest as before."""
-    def __init__(self, fs: Any, directory: str, wanted: dict[str, list[tuple[int, int]]],
-                 open_stream: Callable[[str, list[tuple[int, int]]], Any]):
-        self._fs, self._directory, self._wanted, self._open = fs, directory, wanted, open_stream
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._fs, name)
-
-    def create_stream(self, path: str | os.PathLike, mode: str) -> Any:
-        name, stream = os.path.basename(path), None
-        if mode == "rb" and os.path.realpath(os.path.dirname(path)) == self._directory:
-            stream = self._open(name, self._wanted.get(name, []))
-        return self._fs.create_stream(path, mode) if stream is None else stream  # a stream is its own context
-
-
 # -- checked at import -------------------------------------------------------------------
 
 
@@ -384,6 +340,14 @@ def _check_installed_torch() -> None:
         "LocalElasticAgent" not in launcher_api.launch_agent.__code__.co_names
     ):
         raise TorchSeamError("launch_agent no longer builds the LocalElasticAgent of its module")
+    if SHUTDOWN_TAKES_TIMEOUT is None:
+        raise TorchSeamError(f"LocalElasticAgent._shutdown takes {SHUTDOWN_PARAMS}, not one of {list(SHUTDOWN_SHAPES)}")
+    from torch.distributed.elastic.agent.server import local_elastic_agent as agent_module
+
+    if "envs" not in inspect.signature(_attribute(agent_module, "start_processes")).parameters or (
+        "start_processes" not in inspect.unwrap(LocalElasticAgent._start_workers).__code__.co_names
+    ):
+        raise TorchSeamError("LocalElasticAgent._start_workers no longer hands the workers' envs to start_processes")
     for step, expected in AGENT_STEPS.items():
         method = getattr(LocalElasticAgent, step, None)
         if method is None:
@@ -394,3 +358,12 @@ def _check_installed_torch() -> None:
 
 
 _check_installed_torch()
+
+
+# The worker's side (defined after the checks above, which it relies on).
+from elasticft.torch_seam.worker_side import (  # noqa: E402,F401 - the seam's face
+    observe_init_process_group,
+    ranged_storage_reads,
+    storage_location,
+    write_error_file,
+)
