@@ -1,4 +1,5 @@
-"""``eft``: the operator's command (plan, health, ckpt, top, status, simulate, report, etcd, outcome, flags).
+"""``eft``: the operator's command (plan, health, ckpt, top, status, simulate, report, etcd, outcome, flags,
+doctor).
 
 Each sub-command lives in its own module with a ``register(app)`` function; this
 file only assembles them.
@@ -10,6 +11,7 @@ import typer
 
 from launcher import (
     ckpt_cmd,
+    doctor_cmd,
     etcd_cmd,
     flags_cmd,
     health_cmd,
@@ -42,6 +44,7 @@ report_cmd.register(app)
 etcd_cmd.register(app)
 outcome_cmd.register(app)
 flags_cmd.register(app)
+doctor_cmd.register(app)
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ variable behaves identically. The launch itself is torchrun's too
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import faulthandler
 import functools
@@ -55,6 +56,7 @@ from elasticft.rendezvous.reuse import prepare_run
 from elasticft.store import EmbeddedEtcd, EtcdNotFound, StoreError, StoreUnavailable, connect
 from elasticft.torch_seam import agent_class_swapped, parse_rendezvous_config
 from launcher import ft_launcher_flags
+from launcher.version_report import version_lines
 from launcher.slurm_setup import apply_slurm
 
 log = logging.getLogger("elasticft")
@@ -75,8 +77,18 @@ def build_parser():
     )
     Settings.add_arguments(parser)
     ft_launcher_flags.add_arguments(parser)
+    parser.add_argument("--version", action=_PrintVersions, nargs=0,
+                        help="print eft's, Python's, torch's, megatron-core's and NVML's versions and exit")
     parser.epilog = ExitCode.describe()
     return parser
+
+
+class _PrintVersions(argparse.Action):
+    """``--version`` anywhere before the script (first, eft-run answers it before torch loads)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print("\n".join(version_lines()))
+        parser.exit()
 
 
 def _check_torchrun_args(args) -> dict[str, str]:

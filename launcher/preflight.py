@@ -15,6 +15,7 @@ from typing import NoReturn
 from elasticft import versions
 from elasticft.contract.exit_codes import ExitCode
 from elasticft.versions import Support
+from launcher.version_report import version_lines
 
 
 def refuse(prog: str, line: str) -> NoReturn:
@@ -32,16 +33,6 @@ def check_versions(prog: str) -> None:
         refuse(prog, torch.line)
     if torch.support is Support.UNTESTED:
         print(f"{prog}: warning: {torch.line}", file=sys.stderr)
-
-
-def version_lines() -> list[str]:
-    """eft's, Python's, torch's, megatron-core's and NVML's versions, and where each stands."""
-    from elasticft.health.nvml import driver_summary
-
-    rows = [*versions.standing(), ("NVML", "", driver_summary())]
-    width = max(len(what) for what, _, _ in rows)
-    return [f"{what:<{width}}  {version}{'  ' if version and where else ''}{where}".rstrip()
-            for what, version, where in rows]
 
 
 def eft_run(argv: list[str] | None = None) -> None:

@@ -42,6 +42,7 @@ def run_nodes(cmds: list[list[str]], tmp: Path, timeout: float = 120) -> None:
             node.stop()
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 def test_standalone_env_matches_torchrun(tmp_path):
     outputs = {}

@@ -17,6 +17,7 @@ def agent(eft_job, nnodes: str, out, *flags):
                    eft_flags=["--max-restarts", "0", "--eft-lease-ttl", LEASE_TTL, *flags])
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 def test_killed_node_is_replaced_by_a_smaller_world_within_lease_ttl(tmp_path, eft_job):
     starts = tmp_path / "starts.jsonl"

@@ -52,6 +52,7 @@ def eft(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "launcher.cli", *args], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.seam
 def test_manual_save_then_stop(tmp_path, start_job, etcd_server, run_keys):
     out = tmp_path / "out"
     job = start_job(tmp_path)
@@ -122,6 +123,7 @@ def test_kill_switch_saves_and_exits_and_at_start_exits_at_once(tmp_path, start_
     assert not (again / "out" / "events.jsonl").exists()
 
 
+@pytest.mark.seam
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_preemption_signal_to_eft_run_saves_and_exits_within_the_grace(tmp_path, start_job, sig):
     out = tmp_path / "out"

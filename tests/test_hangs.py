@@ -188,6 +188,7 @@ def finished(job, out: Path, iters: int) -> None:
     assert {s["rank"] for s in saves if s["iteration"] == iters} == set(range(RANKS)), "training did not finish"
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 def test_hung_rank_is_dumped_and_the_group_restarts(tmp_path, start_job):
     """A rank sleeping forever inside its step: found within timeout + 2 s, py-spy or

@@ -109,6 +109,8 @@ from tests.rdzv_subjects import (
     reach,
 )
 
+pytestmark = pytest.mark.seam  # torch's own contract: the lanes of other torches run it
+
 # torch's c10d handler builds the bootstrap store info once per handler: a node whose first
 # round is not round 0 waits for MASTER_ADDR under the new round's prefix, which the rank 0
 # that already hosts a server never writes (DistStoreError after read_timeout).

@@ -80,6 +80,8 @@ from tests.store_subjects import (
     timed,
 )
 
+pytestmark = pytest.mark.seam  # torch's own contract: the lanes of other torches run it
+
 ROOT = Path(__file__).resolve().parents[1]
 # torch's own tests match a timeout with this ("Timeout ..." from FileStore, "wait timeout ..." from TCPStore).
 TORCH_TIMEOUT_TEXT = "[t -i]imeout"

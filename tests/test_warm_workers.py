@@ -74,6 +74,7 @@ def _job(tmp_path: Path, name: str, *flags: str) -> tuple[subprocess.CompletedPr
     return subprocess.CompletedProcess(agent.args, agent.returncode, output), dumps, logs, agent.pid
 
 
+@pytest.mark.seam
 @pytest.mark.slow
 def test_a_warm_worker_is_the_worker_a_cold_start_would_be(tmp_path):
     cold, cold_dumps, cold_logs, cold_agent = _job(tmp_path, "cold")
