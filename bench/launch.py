@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,8 +23,9 @@ WORKERS = ROOT / "tests" / "workers"
 
 
 def eft_run() -> list[str]:
-    found = shutil.which("eft-run")
-    return [found] if found else [sys.executable, "-m", "launcher.eft_run"]
+    """This interpreter's eft-run: its own console script, not another environment's on the PATH."""
+    beside = Path(sys.executable).parent / "eft-run"
+    return [str(beside)] if beside.is_file() else [sys.executable, "-m", "launcher.preflight"]
 
 
 def torchrun() -> list[str]:
