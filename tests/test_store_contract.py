@@ -214,6 +214,8 @@ def test_has_extended_api(subject):
 
 
 def test_list_keys(subject, request):
+    if not hasattr(subject.store, "list_keys"):
+        pytest.skip(f"torch {torch.__version__}'s {type(subject.store).__name__} has no list_keys (torch 2.10 on)")
     subject.needs("list_keys", request)
     subject.store.set("b", "1")
     subject.store.set("a", "2")
