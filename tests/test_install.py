@@ -37,7 +37,7 @@ def test_pip_keeps_the_installed_torch_when_it_installs_eft():
     wanted = eft_requirements("gpt")
     assert any(r.startswith("torch") for r in wanted) and any(r.startswith("megatron-core") for r in wanted)
     asked = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-", *wanted],
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=200)
     assert asked.returncode == 0, asked.stderr[-2000:]
     would = [item["metadata"]["name"].lower() for item in json.loads(asked.stdout)["install"]]
     assert not [name for name in would if name.startswith(KEPT) and name != "nvidia-ml-py"], \
