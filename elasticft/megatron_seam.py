@@ -11,8 +11,12 @@ here, with the parameters eft's wrappers read, and nowhere else:
 * ``replace(site, make)``: the one place a Megatron function is swapped for a wrapper.
 
 ``tests/megatron_lm/test_megatron_seam.py`` checks every site against the installed
-megatron-core, so an upgrade that renames or reshapes one fails there, and
-``TESTED_MINORS`` is what the launcher refuses to run outside of (one line, exit 2).
+megatron-core, so an upgrade that renames or reshapes one fails there (CI runs it on each
+of ``TESTED_MINORS``). Where the minors differ, a site names the minor that brought what eft
+relies on (``Site.since``) and eft binds to what the installed one has (``installed_minor``):
+the keywords of a memory snapshot's save (``save_keywords``) and the parameter sync before
+it (``param_sync``). ``version_status`` is what the launcher makes of a version: a tested
+minor runs, a newer one with every site there runs untested, an older one is refused.
 
 Importing this module imports nothing of Megatron's: the launcher reads the version from
 the package metadata (or the source tree's ``package_info.py``) without importing torch.
@@ -21,6 +25,7 @@ the package metadata (or the source tree's ``package_info.py``) without importin
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -30,8 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-# megatron-core minor releases whose megatron.training eft's Megatron-LM mode was tested with.
-TESTED_MINORS = ((0, 19),)
+# megatron-core minor releases whose megatron.training eft's Megatron-LM mode was tested with
+# (the wheel ships megatron.training from 0.17 on); oldest first.
+TESTED_MINORS = ((0, 17), (0, 18), (0, 19))
+Minor = tuple[int, int]
 
 TRAINING = "megatron.training.training"
 DATASET_UTILS = "megatron.core.datasets.utils"
@@ -44,10 +51,15 @@ class Site:
 
     module: str
     name: str
-    params: tuple[str, ...] = ()  # parameters eft's wrapper reads by name
+    params: tuple[str, ...] = ()  # parameters eft's wrapper reads by name, or passes, in every tested minor
+    since: tuple[tuple[Minor, tuple[str, ...]], ...] = ()  # (the minor, the parameters eft relies on from it on)
 
     def __str__(self) -> str:
         return f"{self.module}.{self.name}"
+
+    def params_in(self, minor: Minor) -> tuple[str, ...]:
+        """The parameters eft relies on in megatron-core ``minor``."""
+        return self.params + tuple(p for first, added in self.since if minor >= first for p in added)
 
 
 SITES = {
@@ -87,10 +99,18 @@ CHECKPOINT_NAME = Site(CHECKPOINTING, "get_checkpoint_name", ("checkpoints_path"
 GET_ARGS = Site("megatron.training.global_vars", "get_args")
 # A memory snapshot is Megatron's own save, stopped where it hands the state to DIST_SAVE
 # (looked up on the package at call time: eft swaps it for the duration of the call).
+# From 0.19 on save_checkpoint_and_time passes save_checkpoint the process groups of the model's
+# pg_collection (keyword: the collection's attribute) and its RNG key prefix; before, it passes
+# none of them and save_checkpoint takes parallel_state's (0.18's has tp_, pp_ and dp_cp_group
+# already, unused by the loop). A snapshot passes what the installed loop passes (save_keywords).
+SAVE_GROUPS = {"tp_group": "tp", "pp_group": "pp", "dp_cp_group": "dp_cp_gtp_remat", "dp_group": "dp",
+               "expt_dp_group": "expt_dp"}
+SAVE_RNG_PREFIX = "rng_state_key_prefix"
+SAVE_GROUPS_SINCE: Minor = (0, 19)
 SAVE_CHECKPOINT = Site(CHECKPOINTING, "save_checkpoint", (
     "iteration", "model", "optimizer", "opt_param_scheduler", "num_floating_point_operations_so_far",
-    "checkpointing_context", "train_data_iterator", "preprocess_common_state_dict_fn", "tp_group", "pp_group",
-    "dp_cp_group", "dp_group", "expt_dp_group", "rng_state_key_prefix"))
+    "checkpointing_context", "train_data_iterator", "preprocess_common_state_dict_fn"),
+    since=((SAVE_GROUPS_SINCE, (*SAVE_GROUPS, SAVE_RNG_PREFIX)),))
 DIST_SAVE = Site("megatron.core.dist_checkpointing", "save", (
     "sharded_state_dict", "checkpoint_dir", "content_metadata", "preprocess_common_before_consistancy_check"))
 # save_checkpoint_and_time's preparations, which a snapshot repeats: the groups of the
@@ -99,7 +119,11 @@ DIST_SAVE = Site("megatron.core.dist_checkpointing", "save", (
 UNWRAP_MODEL = Site(TRAINING, "unwrap_model")
 PREPROCESS_COMMON = Site(TRAINING, "preprocess_common_state_dict", ("common_state_dict",))
 NEEDS_PARAM_SYNC = Site(TRAINING, "should_disable_forward_pre_hook", ("args",))
-PARAM_SYNC = Site(TRAINING, "force_param_sync", ("model_chunks", "optimizer"))
+# From 0.19 on it takes the optimizer (which prepares its parameters for the sync first), and
+# save_checkpoint_and_time passes it; before, the model chunks alone (param_sync).
+PARAM_SYNC_OPTIMIZER_SINCE: Minor = (0, 19)
+PARAM_SYNC = Site(TRAINING, "force_param_sync", ("model_chunks",),
+                  since=((PARAM_SYNC_OPTIMIZER_SINCE, ("optimizer",)),))
 # The rerun state machine (on by default): a resume puts it back to "no re-run pending" when
 # eft's numbers check has taken over its verdict (rerun_idle_after_resume).
 GET_RERUN_STATE_MACHINE = Site("megatron.core.rerun_state_machine", "get_rerun_state_machine")
@@ -159,15 +183,45 @@ def installed_version() -> str | None:
     return None
 
 
-def version_problem(version: str | None) -> str | None:
-    """Why eft cannot enter this megatron-core's training loop, or None when it can."""
+def minor_of(version: str | None) -> Minor | None:
+    """``"0.19.2"`` -> ``(0, 19)``; None for no version or one that does not start with two numbers."""
+    match = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+@functools.cache
+def installed_minor() -> Minor:
+    """The installed megatron-core's minor, which decides the per-minor branches (``Site.since``);
+    the newest tested one where the version cannot be read."""
+    return minor_of(installed_version()) or TESTED_MINORS[-1]
+
+
+def version_status(version: str | None) -> tuple[str, str]:
+    """What eft makes of the installed megatron-core, ``version``: ``("ok", ...)`` for a tested
+    minor; ``("untested", why)`` for a newer minor whose Megatron has every site eft relies on
+    (looking imports Megatron: ``problems``); ``("unsupported", why)`` for anything else."""
     tested = ", ".join(f"{a}.{b}.x" for a, b in TESTED_MINORS)
+    minor = minor_of(version)
     if version is None:
-        return f"megatron-core is not installed (eft's Megatron-LM mode was tested with {tested})"
-    match = re.match(r"(\d+)\.(\d+)", version)
-    if match is None or (int(match.group(1)), int(match.group(2))) not in TESTED_MINORS:
-        return f"megatron-core {version} is outside the range eft's Megatron-LM mode was tested with ({tested})"
-    return None
+        return "unsupported", f"megatron-core is not installed (eft's Megatron-LM mode was tested with {tested})"
+    if minor in TESTED_MINORS:
+        return "ok", f"megatron-core {version} is one eft's Megatron-LM mode was tested with ({tested})"
+    if minor is None or minor < TESTED_MINORS[-1]:
+        return "unsupported", (f"megatron-core {version} is outside the range eft's Megatron-LM mode was tested "
+                               f"with ({tested})")
+    missing = problems(minor)
+    if missing:
+        return "unsupported", (f"megatron-core {version} is newer than eft's Megatron-LM mode was tested with "
+                               f"({tested}) and lacks what eft relies on: {'; '.join(missing)}")
+    return "untested", (f"megatron-core {version} is newer than eft's Megatron-LM mode was tested with ({tested}); "
+                        f"every site eft relies on is there")
+
+
+def version_problem(version: str | None) -> str | None:
+    """Why eft cannot enter this megatron-core's training loop, or None when it can
+    (a tested minor, or a newer one with every site there: ``version_status``)."""
+    status, why = version_status(version)
+    return why if status == "unsupported" else None
 
 
 def function(site: Site) -> Callable:
@@ -175,8 +229,10 @@ def function(site: Site) -> Callable:
     return getattr(importlib.import_module(site.module), site.name)
 
 
-def problems() -> list[str]:
-    """What the installed Megatron lacks of the sites eft uses (empty: all there)."""
+def problems(minor: Minor | None = None) -> list[str]:
+    """What the installed Megatron lacks of the sites eft uses as it uses them in ``minor``
+    (default: the installed minor) (empty: all there)."""
+    minor = minor or installed_minor()
     found = []
     for site in (*SITES.values(), *CALLED):
         try:
@@ -185,10 +241,34 @@ def problems() -> list[str]:
             found.append(f"{site}: {exc}")
             continue
         params = inspect.signature(inspect.unwrap(target)).parameters
-        missing = [p for p in site.params if p not in params]
+        missing = [p for p in site.params_in(minor) if p not in params]
         if missing:
             found.append(f"{site}: no parameter {', '.join(missing)}")
     return found
+
+
+def save_keywords(model) -> dict:
+    """The keywords ``save_checkpoint_and_time`` of the installed minor passes ``save_checkpoint``
+    besides the state, ``train_data_iterator`` and ``preprocess_common_state_dict_fn``: from
+    0.19 on the process groups of the model's pg_collection and its RNG key prefix
+    (``SAVE_GROUPS``), before that none."""
+    if installed_minor() < SAVE_GROUPS_SINCE:
+        return {}
+    first = function(UNWRAP_MODEL)(model)[0]
+    groups = getattr(first, "pg_collection", None)
+    keywords = {keyword: getattr(groups, name, None) if groups is not None else None
+                for keyword, name in SAVE_GROUPS.items()}
+    keywords[SAVE_RNG_PREFIX] = getattr(first, SAVE_RNG_PREFIX, "")
+    return keywords
+
+
+def param_sync(model, optimizer) -> None:
+    """``force_param_sync`` as ``save_checkpoint_and_time`` of the installed minor calls it
+    (--overlap-param-gather: the parameters are behind): from 0.19 on with the optimizer."""
+    if installed_minor() >= PARAM_SYNC_OPTIMIZER_SINCE:
+        function(PARAM_SYNC)(model, optimizer=optimizer)
+    else:
+        function(PARAM_SYNC)(model)
 
 
 def replace(name: str, make: Callable[[Callable], Callable]) -> Callable:

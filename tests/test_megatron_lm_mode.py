@@ -67,7 +67,7 @@ def test_a_megatron_core_outside_the_tested_range_stops_eft_run_in_one_line(tmp_
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert lines[-1] == (f"eft-run: error: --eft-megatron-lm: megatron-core {version} is outside the range eft's "
-                         f"Megatron-LM mode was tested with (0.19.x); use --eft-megatron-lm off to run "
+                         f"Megatron-LM mode was tested with (0.17.x, 0.18.x, 0.19.x); use --eft-megatron-lm off to run "
                          f"{tmp_path / 'train.py'} without eft in its loop")
     assert "Traceback" not in done.stderr
     assert done.stdout == ""

@@ -94,12 +94,7 @@ class MegatronMemory:
         model = call["model"]
         optimizer = call["optimizer"]
         if seam.function(seam.NEEDS_PARAM_SYNC)(margs):  # --overlap-param-gather: parameters are behind
-            seam.function(seam.PARAM_SYNC)(model, optimizer=optimizer)
-        first = seam.function(seam.UNWRAP_MODEL)(model)[0]
-        groups = getattr(first, "pg_collection", None)
-
-        def group(name: str):
-            return getattr(groups, name, None) if groups is not None else None
+            seam.param_sync(model, optimizer)
 
         def intercept(sharded_state_dict, checkpoint_dir, *args, **kwargs):
             options = {k: kwargs[k] for k in ("content_metadata", "preprocess_common_before_consistancy_check")
@@ -115,9 +110,7 @@ class MegatronMemory:
                     call["num_floating_point_operations_so_far"], self._context,
                     train_data_iterator=call.get("train_data_iterator"),
                     preprocess_common_state_dict_fn=seam.function(seam.PREPROCESS_COMMON),
-                    tp_group=group("tp"), pp_group=group("pp"), dp_cp_group=group("dp_cp_gtp_remat"),
-                    dp_group=group("dp"), expt_dp_group=group("expt_dp"),
-                    rng_state_key_prefix=getattr(first, "rng_state_key_prefix", ""))
+                    **seam.save_keywords(model))  # the process groups, from megatron-core 0.19 on
             except _Captured as captured:
                 return captured.request
         raise seam.MegatronSeamError(f"{seam.SAVE_CHECKPOINT} returned without calling {seam.DIST_SAVE}; "

@@ -1,5 +1,5 @@
 """The Megatron-LM lane: Megatron-LM's own training loop (megatron.training), which
-megatron-core ships from 0.19 on, for Python >= 3.12 (.ci/setup_mlm builds its
+megatron-core ships from 0.17 on, for Python >= 3.12 (.ci/setup_mlm builds its
 environment; .ci/run runs this directory with it). Elsewhere the directory is skipped."""
 
 import importlib.util

@@ -14,7 +14,7 @@ loop itself runs unmodified:
   GPU: ``validate_args`` asks the architecture when TP or CP > 1 (and then, as on a real
   pre-Blackwell GPU, requires ``CUDA_DEVICE_MAX_CONNECTIONS=1`` in the environment);
 - ``initialize_megatron`` is called with ``allow_no_cuda=True``: ``pretrain`` calls it without,
-  and in megatron-core 0.19 the argument only guards an ``assert torch.cuda.is_available()``
+  and in megatron-core 0.17 to 0.19 the argument only guards an ``assert torch.cuda.is_available()``
   (which ``cpu_mode`` deliberately leaves False);
 - the dataset index helper is not compiled when the wheel's prebuilt ``helpers_cpp`` imports:
   the wheel ships the compiled module but not the Makefile, so rank 0's ``make`` fails and
@@ -83,7 +83,7 @@ def _describe_device() -> None:
 def _allow_no_cuda() -> None:
     """``pretrain`` calls ``initialize_megatron()`` with ``allow_no_cuda=False``.
 
-    In megatron-core 0.19 ``allow_no_cuda`` only guards ``assert torch.cuda.is_available()``;
+    In megatron-core 0.17 to 0.19 ``allow_no_cuda`` only guards ``assert torch.cuda.is_available()``;
     ``cpu_mode`` keeps ``is_available()`` False on purpose (code that asks it takes its CPU
     path), so the loop's call gets ``allow_no_cuda=True`` instead.
     """

@@ -1,4 +1,4 @@
-"""Pretrain a GPT with Megatron-LM's own training loop (megatron-core 0.19.x).
+"""Pretrain a GPT with Megatron-LM's own training loop (megatron-core 0.19.x; 0.17 and 0.18).
 
 The shape of Megatron-LM's ``pretrain_gpt.py``: parse and validate the arguments, build the
 model config and the config container from them, and hand the dataset provider and the
@@ -8,7 +8,9 @@ The deviations: on a machine without CUDA, ``cpu_emulation`` (beside this file) 
 enabled before anything from megatron is imported, so that the loop runs on the CPU with
 gloo (``--distributed-backend gloo --transformer-impl local``, fp32); and with
 ``EFT_TEST_NUMBERS`` set, ``numbers_log`` records each iteration's unrounded numbers for
-the tests (observation only).
+the tests (observation only). With megatron-core 0.17 or 0.18 installed, the parts of
+Megatron-LM's script of that release that differ (the model provider, the batch, pretrain's
+call) come from ``gpt_before_0_19`` beside this file.
 
 Launch with torchrun, e.g.::
 
@@ -60,14 +62,7 @@ from megatron.core.rerun_state_machine import get_rerun_state_machine
 from megatron.core.tokenizers.utils.build_tokenizer import build_tokenizer
 from megatron.core.transformer.multi_token_prediction import get_mtp_ranks
 from megatron.core.transformer.multi_token_prediction import mtp_on_this_rank as _mtp_on_this_rank
-from megatron.core.utils import (
-    StragglerDetector,
-    flatten_batch_for_packed_sequences,
-    get_attr_wrapped_model,
-    get_batch_on_this_cp_rank,
-    get_batch_on_this_tp_rank,
-    get_torch_version,
-)
+from megatron.core.utils import StragglerDetector, get_attr_wrapped_model, get_torch_version
 from megatron.training import (
     get_args,
     get_timers,
@@ -76,9 +71,20 @@ from megatron.training import (
     print_rank_0,
     set_startup_timestamps,
 )
-from megatron.training.argument_utils import gpt_config_from_args, pretrain_cfg_container_from_args
-from megatron.training.arguments import core_transformer_config_from_args, parse_and_validate_args
+from megatron.training.arguments import core_transformer_config_from_args
 from megatron.training.utils import get_blend_and_blend_per_split, is_first_or_last_pipeline_stage
+
+MINOR = tuple(int(part) for part in mcore_version.split(".")[:2])
+if MINOR < (0, 19):
+    import gpt_before_0_19 as before
+else:
+    from megatron.core.utils import (
+        flatten_batch_for_packed_sequences,
+        get_batch_on_this_cp_rank,
+        get_batch_on_this_tp_rank,
+    )
+    from megatron.training.argument_utils import gpt_config_from_args, pretrain_cfg_container_from_args
+    from megatron.training.arguments import parse_and_validate_args
 
 stimer = StragglerDetector()
 
@@ -91,6 +97,8 @@ SPIKY_LOSS_FACTOR = 10
 
 def _mtp_here(config, vp_stage) -> bool:
     """Whether this pipeline stage holds multi-token-prediction layers."""
+    if MINOR < (0, 19):
+        return before.mtp_here(config, vp_stage)
     return _mtp_on_this_rank(
         layout=config.pipeline_model_parallel_layout,
         mtp_num_layers=config.mtp_num_layers,
@@ -108,6 +116,9 @@ def get_batch(data_iterator, vp_stage: Optional[int] = None):
     # Middle pipeline stages take their input from the previous stage.
     if not is_first_or_last_pipeline_stage(vp_stage) and not mtp_here:
         return [None] * len(BATCH_KEYS)
+    if MINOR < (0, 19):
+        batch = before.batch(data_iterator, mtp_here)
+        return [batch.get(key) for key in BATCH_KEYS]
 
     tp_rank = mpu.get_tensor_model_parallel_rank()
     batch = {}
@@ -294,15 +305,17 @@ if __name__ == "__main__":
     train_valid_test_datasets_provider.is_distributed = True
 
     pretrain, store = inprocess_restart.maybe_wrap_for_inprocess_restart(pretrain)
-
-    args = parse_and_validate_args(args_defaults={"tokenizer_type": "GPT2BPETokenizer"})
-    model_cfg = gpt_config_from_args(args)
-    full_config = pretrain_cfg_container_from_args(args, model_cfg)
-    pretrain(
-        full_config,
-        train_valid_test_datasets_provider,
-        ModelType.encoder_or_decoder,
-        forward_step,
-        store=store,
-        get_embedding_ranks=get_embedding_ranks,
-    )
+    if MINOR < (0, 19):
+        before.pretrain_gpt(pretrain, train_valid_test_datasets_provider, forward_step, store, get_embedding_ranks)
+    else:
+        args = parse_and_validate_args(args_defaults={"tokenizer_type": "GPT2BPETokenizer"})
+        model_cfg = gpt_config_from_args(args)
+        full_config = pretrain_cfg_container_from_args(args, model_cfg)
+        pretrain(
+            full_config,
+            train_valid_test_datasets_provider,
+            ModelType.encoder_or_decoder,
+            forward_step,
+            store=store,
+            get_embedding_ranks=get_embedding_ranks,
+        )

@@ -4,6 +4,10 @@ under plain torchrun the same script trains as if eft did not exist.
 
 Real parts: Megatron-LM's loop, torch_dist checkpoints, gloo ranks, an embedded etcd; the
 CPU emulation (cpu_emulation.py) stands in for the GPU alone.
+
+``every_minor``: the cases CI runs on every tested megatron-core minor (0.17 and 0.18 run only
+those, ``-m every_minor``): a checkpoint request answered by Megatron's save, and a rank hung
+inside a step, killed, and resumed from the memory tier through Megatron's load.
 """
 
 import os
@@ -89,6 +93,7 @@ def test_under_plain_torchrun_the_script_trains_as_if_eft_did_not_exist(plain):
     assert complete(ckpt) == []  # nobody but eft writes the marker
 
 
+@pytest.mark.every_minor
 def test_eft_ckpt_save_saves_through_megatron_and_the_job_goes_on_then_the_kill_switch_stops_it(tmp_path, plain):
     """`eft ckpt save`: every rank saves one iteration through Megatron's save, marked complete,
     and training goes on with plain torchrun's numbers; the kill switch: save, exit 0."""
@@ -127,6 +132,7 @@ def test_sigusr1_saves_one_iteration_and_exits_4_for_a_requeue(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.every_minor
 def test_an_ft_launcher_command_line_runs_with_its_section_timeouts_in_force(tmp_path, plain):
     """ft_launcher's flags and Megatron's --enable-ft-package, only the launcher renamed (the
     memory tier on through its EFT_* variable): a rank hung inside a step is caught by

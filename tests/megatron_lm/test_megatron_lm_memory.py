@@ -7,6 +7,10 @@ LOSE_AT (``--eft-inject node_lost``); the survivor re-plans onto its two GPUs, a
 own load reshards the newest memory checkpoint onto them. Without the tier the same loss
 sends the job back to the last disk save: here, none, so from scratch. ``eft report`` reads
 both runs from their event logs.
+
+``every_minor`` (run on every tested megatron-core minor, ``-m every_minor``): the snapshot
+equals Megatron's own save bit for bit, the check that a snapshot's save is called as the
+installed minor's loop calls it (megatron_seam.save_keywords).
 """
 
 from __future__ import annotations
@@ -143,6 +147,7 @@ def test_a_disk_checkpoint_newer_than_memory_wins(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.every_minor
 def test_the_snapshot_copy_overlaps_the_next_step_and_equals_megatrons_own_save(tmp_path):
     """The unmodified script under torchrun with eft's worker side (no agent): a snapshot every
     iteration, Megatron's own save at iteration 3, and from iteration 3 on every copy made slow

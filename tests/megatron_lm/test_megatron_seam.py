@@ -2,18 +2,33 @@
 
 An upgrade of megatron-core that renames a function eft wraps, drops a parameter eft
 reads, or stops calling a wrapped function through its module's globals (so that the
-wrapper would silently never run) fails here.
+wrapper would silently never run) fails here. CI runs this file on every tested minor
+(0.17, 0.18, 0.19: the ``every_minor`` cases, ``-m every_minor``); where the minors differ,
+a test checks the branch the seam takes for the installed one.
 """
 
+import ast
 import importlib
 import importlib.util
+import inspect
+import textwrap
 
 import pytest
 
 from elasticft import megatron_seam as seam
 
+pytestmark = pytest.mark.every_minor
 
-def test_the_installed_megatron_core_is_in_the_tested_range():
+
+def calls(caller: str, callee: str) -> list[ast.Call]:
+    """The calls of ``callee`` (by its global name) in the source of megatron.training's ``caller``."""
+    source = textwrap.dedent(inspect.getsource(getattr(importlib.import_module(seam.TRAINING), caller)))
+    return [node for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == callee]
+
+
+def test_the_installed_megatron_core_is_a_tested_minor():
+    assert seam.version_status(seam.installed_version())[0] == "ok"
     assert seam.version_problem(seam.installed_version()) is None
 
 
@@ -49,10 +64,49 @@ def test_the_dataset_helper_compile_is_imported_at_call_time():
     assert "from megatron.core.datasets.utils import compile_helpers" in source
 
 
-def test_a_version_outside_the_range_is_named_with_the_range():
-    problem = seam.version_problem("0.15.3")
-    assert "0.15.3" in problem and "0.19.x" in problem
+def test_a_version_older_than_the_range_is_refused_and_named_with_the_range():
+    status, why = seam.version_status("0.16.1")
+    assert status == "unsupported" and why == seam.version_problem("0.16.1")
+    assert why == ("megatron-core 0.16.1 is outside the range eft's Megatron-LM mode was tested with "
+                   "(0.17.x, 0.18.x, 0.19.x)")
     assert "not installed" in seam.version_problem(None)
+
+
+def test_a_newer_minor_runs_untested_where_its_megatron_has_every_site_as_eft_uses_it_in_0_19():
+    """A minor newer than 0.19 is held to 0.19's sites: this Megatron as that minor runs untested
+    where it has them all (0.19), and is refused, naming what 0.19 brought, where not (0.17, 0.18)."""
+    status, why = seam.version_status("0.20.0")
+    if seam.installed_minor() >= (0, 19):
+        assert (status, seam.version_problem("0.20.0")) == ("untested", None)
+        assert why.endswith("(0.17.x, 0.18.x, 0.19.x); every site eft relies on is there")
+    else:
+        assert status == "unsupported" and why == seam.version_problem("0.20.0")
+        assert seam.problems((0, 19)) == [
+            f"{seam.SAVE_CHECKPOINT}: no parameter dp_group, expt_dp_group, rng_state_key_prefix",
+            f"{seam.PARAM_SYNC}: no parameter optimizer"]
+        assert why.endswith("lacks what eft relies on: " + "; ".join(seam.problems((0, 19))))
+
+
+def test_a_snapshot_passes_save_checkpoint_the_keywords_the_installed_loop_passes():
+    """A memory snapshot is the save save_checkpoint_and_time makes: the same keywords (its
+    process groups from 0.19 on, none before), each group the same attribute of the model's
+    pg_collection."""
+    (call,) = calls(seam.SITES["save_checkpoint_and_time"].name, seam.SAVE_CHECKPOINT.name)
+    groups = set(seam.SAVE_GROUPS) | {seam.SAVE_RNG_PREFIX}
+    expected = groups if seam.installed_minor() >= seam.SAVE_GROUPS_SINCE else set()
+    passed = {k.arg for k in call.keywords} - {"non_persistent_ckpt", "train_data_iterator",
+                                               "preprocess_common_state_dict_fn"}
+    assert passed == expected
+    constants = set(getattr(importlib.import_module(seam.TRAINING), "save_checkpoint_and_time").__code__.co_consts)
+    assert (set(seam.SAVE_GROUPS.values()) | {"pg_collection", seam.SAVE_RNG_PREFIX} <= constants) == bool(expected)
+
+
+def test_the_parameter_sync_before_a_snapshot_is_called_as_the_installed_loop_calls_it():
+    """save_checkpoint_and_time's sync under --overlap-param-gather: with the optimizer from 0.19 on."""
+    (call,) = calls(seam.SITES["save_checkpoint_and_time"].name, seam.PARAM_SYNC.name)
+    with_optimizer = seam.installed_minor() >= seam.PARAM_SYNC_OPTIMIZER_SINCE
+    assert [k.arg for k in call.keywords] == (["optimizer"] if with_optimizer else [])
+    assert len(call.args) == 1
 
 
 def test_pretrain_calls_the_fault_tolerance_setup_through_its_module():
