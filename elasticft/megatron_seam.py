@@ -27,17 +27,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import importlib.metadata
-import importlib.util
 import inspect
-import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
+import elasticft.versions as versions
+
 # megatron-core minor releases whose megatron.training eft's Megatron-LM mode was tested with
-# (the wheel ships megatron.training from 0.17 on); oldest first.
-TESTED_MINORS = ((0, 17), (0, 18), (0, 19))
+# (the wheel ships megatron.training from 0.17 on); oldest first: versions.MEGATRON_CORE's range.
+TESTED_MINORS = tuple((versions.MEGATRON_CORE.oldest[0], minor) for minor in
+                      range(versions.MEGATRON_CORE.oldest[1], versions.MEGATRON_CORE.newest[1] + 1))
 Minor = tuple[int, int]
 
 TRAINING = "megatron.training.training"
@@ -161,32 +160,21 @@ def rerun_idle_after_resume(resumed: bool) -> str | None:
     return was
 
 
-class MegatronSeamError(RuntimeError):
+class MegatronSeamError(versions.SeamError):
     """The installed Megatron no longer has a name or parameter eft relies on."""
 
 
 def installed_version() -> str | None:
-    """megatron-core's version without importing it: the distribution's metadata, else the
-    source tree's ``megatron/core/package_info.py`` (a Megatron-LM checkout on PYTHONPATH)."""
-    try:
-        return importlib.metadata.version("megatron-core")
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    spec = importlib.util.find_spec("megatron")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        info = Path(root, "core", "package_info.py")
-        if info.is_file():
-            text = info.read_text()
-            parts = [re.search(rf"^{n}\s*=\s*(\d+)", text, re.M) for n in ("MAJOR", "MINOR", "PATCH")]
-            if all(parts):
-                return ".".join(p.group(1) for p in parts)
-    return None
+    """megatron-core's version without importing it (``versions.installed``: the distribution's
+    metadata, else the source tree's ``megatron/core/package_info.py``, a Megatron-LM checkout)."""
+    return versions.installed(versions.MEGATRON_CORE)
 
 
 def minor_of(version: str | None) -> Minor | None:
-    """``"0.19.2"`` -> ``(0, 19)``; None for no version or one that does not start with two numbers."""
-    match = re.match(r"(\d+)\.(\d+)", version or "")
-    return (int(match.group(1)), int(match.group(2))) if match else None
+    """``"0.19.2"`` -> ``(0, 19)`` (by the release part: ``0.19.0rc1`` too); None for no version
+    or one that does not start with two numbers."""
+    parts = versions.release(version) if version else None
+    return parts[:2] if parts and len(parts) >= 2 else None
 
 
 @functools.cache
