@@ -7,6 +7,7 @@ torch that stays importable. Every minor from 2.9 up also runs for real in CI's 
 lanes (``.ci/run``), and an NGC-style build there too (``tests/test_install.py``).
 """
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,8 +60,6 @@ def shown_as(tmp_path: Path, version: str) -> dict:
     info = site / f"torch-{version}.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
-    import os
-
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), str(ROOT),
                                                                         os.environ.get("PYTHONPATH", "")]))}
 
