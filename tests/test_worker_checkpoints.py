@@ -119,3 +119,18 @@ def test_nothing_to_load(tmp_path):
 def test_keep_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="keep"):
         CheckpointDir(tmp_path, keep=0)
+
+
+def test_where_another_rank_could_not_load_the_latest_every_rank_takes_the_one_before(tmp_path):
+    """megatron-core 0.19 loads each rank's part without a collective: a rank whose own load of
+    the latest went through still falls back with the others (``agree``: the MAX over the ranks,
+    here the answer of a job in which another rank failed once)."""
+    checkpoints = CheckpointDir(tmp_path, keep=2)
+    save(checkpoints, 100)
+    save(checkpoints, 200)
+    answers = iter([[1], [0]])  # the latest failed elsewhere; the one before loaded everywhere
+    loaded = []
+    iteration, weights = checkpoints.load_latest(lambda p, i: loaded.append(i) or load(p, i),
+                                                 agree=lambda mine: next(answers))
+    assert loaded == [200, 100]  # this rank loaded both: the second load's state is what it keeps
+    assert iteration == 100 and weights.tolist() == [100.0, 101.0, 102.0, 103.0]

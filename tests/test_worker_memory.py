@@ -19,11 +19,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from elasticft.contract.memory import (
+    ITEMS_SUFFIX,
     LAG_MARKER,
     PAUSE_MARKER,
     RESTORE_FILE,
     RestoreCandidate,
     RestorePlan,
+    is_shard_file,
 )
 from elasticft.contract.run_dir import OutboxKind, write_atomically
 from tests.gloo_job import take_outbox
@@ -105,6 +107,12 @@ def test_snapshots_hold_the_iteration_they_were_taken_at_and_the_agent_hears_of_
         # the newest flushed at the end; every rank's agent hears of the same ones.
         assert saved == sorted(set(saved)) and set(saved) <= set(range(2, 13, 2)) and saved[-1] == newest
         assert len(saved) >= 2
+    # Beside each shard file, where each of its storage items lies: a restarting rank then fetches
+    # only its items' chunks from the node holding the file (whatever writer megatron-core has).
+    for rank in range(RANKS):
+        files = {f.name for f in (tmp_path / f"mem{rank}" / f"iter_{newest:07d}").iterdir()}
+        shards = {name for name in files if is_shard_file(name)}
+        assert shards and {name + ITEMS_SUFFIX for name in shards} <= files, files
     # The newest one's files, from both "nodes", hold that iteration although training went on.
     path = assemble(tmp_path, newest, tmp_path / "restore")
     code = f"""

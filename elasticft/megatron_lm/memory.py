@@ -128,6 +128,7 @@ class MegatronMemory:
             resumed = Path(path)
             with _attributes(margs, load=str(resumed.parent), ckpt_step=iteration, non_persistent_ckpt_type=None,
                              pretrained_checkpoint=None, finetune=False, no_load_optim=False, no_load_rng=False):
+                seam.rewind_scheduler(args, kwargs)  # a fallback loads again into the same scheduler
                 result = load(*args, **kwargs)
             if result[0] != iteration:
                 raise RuntimeError(f"{path} holds iteration {result[0]}, not {iteration}")
@@ -163,7 +164,8 @@ class _MegatronDisk:
             found.append(margs.ckpt_step)
         return [max(found)] if found else []
 
-    def load_latest(self, _load_fn):
+    def load_latest(self, _load_fn, agree=None):  # Megatron's load agrees itself (or a rank fails)
+        seam.rewind_scheduler(self._args, self._kwargs)  # after a memory iteration that did not load
         self.result = self._load(*self._args, **self._kwargs)
         iteration = self.result[0] if self.result else 0
         return (iteration or None), self.result

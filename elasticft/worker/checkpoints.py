@@ -117,13 +117,16 @@ class CheckpointDir:
             log.warning("%s holds %r, not an iteration; ignoring it", tracker, text[:40])
             return None
 
-    def load_latest(self, load_fn: Callable[[Path, int], Any]) -> tuple[int | None, Any]:
+    def load_latest(self, load_fn: Callable[[Path, int], Any],
+                    agree: Callable[[list[int]], list[int]] | None = None) -> tuple[int | None, Any]:
         """``load_fn(path, iteration)`` on the latest checkpoint that loads; (iteration, result).
 
         Tries the tracker's checkpoint first, then older complete ones, newest first;
-        each one skipped is a warning. (None, None) when none loads. ``load_fn`` must
-        fail on every rank or on none (torch.distributed.checkpoint does), or ranks
-        could resume from different iterations.
+        each one skipped is a warning. (None, None) when none loads. A load can fail on one
+        rank alone (megatron-core 0.19 loads each rank's part without a collective): with
+        ``agree`` (the MAX over the ranks, ``Hook.agree``) every rank moves to the older one
+        together; without it ``load_fn`` must fail on every rank or on none, or ranks could
+        resume from different iterations.
         """
         tracked = self.tracked_iteration()
         complete = self.complete_iterations()
@@ -139,16 +142,21 @@ class CheckpointDir:
                 log.warning("checkpoint %s is not marked complete (its save did not finish); "
                             "falling back to an older one", path)
                 continue
+            error: BaseException | None = None
             try:
                 result = load_fn(path, iteration)
-                phases.loaded(LoadTier.DISK, path)  # eft report: the load phase ends here
-                return iteration, result
             except (KeyboardInterrupt, SystemExit):
                 raise
             # BaseException: torch.distributed.checkpoint's CheckpointException derives from
             # it, and any failure to load means: try the previous one.
             except BaseException as err:  # noqa: BLE001
-                log.warning("could not load checkpoint %s (%s: %s); falling back to an older one",
-                            path, type(err).__name__, err)
+                error = err
+            if agree is not None and agree([int(error is not None)])[0] and error is None:
+                error = RuntimeError("another rank could not load it")
+            if error is None:
+                phases.loaded(LoadTier.DISK, path)  # eft report: the load phase ends here
+                return iteration, result
+            log.warning("could not load checkpoint %s (%s: %s); falling back to an older one",
+                        path, type(error).__name__, error)
         phases.loaded(LoadTier.NONE)
         return None, None

@@ -207,12 +207,14 @@ class MemoryCheckpoints:
     def restore(self, load_fn: Callable[[str, int], Any], checkpoints=None) -> Restored:
         """Load the newest state the job has: memory when it is at least as new as disk.
 
-        ``load_fn(path, iteration)`` loads a torch_dist checkpoint (every rank fails or
-        none, as torch_dist does); ``checkpoints`` is the disk's ``CheckpointDir`` (or
-        None). A memory iteration is used only if every rank's agent prepared it; each rank
-        reads only the byte ranges its load plan needs (``ranged_reads``). If loading it
-        fails (a range no holder delivers intact, for one), the next older one, then the
-        disk's newest complete checkpoint.
+        ``load_fn(path, iteration)`` loads a torch_dist checkpoint into the job's state; it
+        may run again after it succeeded on this rank (another rank's load failed), and must
+        then leave the second iteration's state. ``checkpoints`` is the disk's
+        ``CheckpointDir`` (or None). A memory iteration is used only if every rank's agent
+        prepared it and every rank loaded it; each rank reads only the byte ranges its load
+        plan needs (``ranged_reads``). If loading it fails on any rank (a range no holder
+        delivers intact, for one), the next older one, then the disk's newest complete
+        checkpoint.
         """
         plan = self._plan()
         disk = checkpoints.complete_iterations() if checkpoints is not None else []
@@ -224,18 +226,25 @@ class MemoryCheckpoints:
                 log.warning("memory checkpoint %d is older than disk checkpoint %d: loading from disk",
                             iteration, newest_disk)
                 break
+            error: BaseException | None = None
             try:
                 with ranged_reads(candidate, plan.run_id, plan.node) as reader:
-                    restored = Restored(iteration, "memory", candidate.path, load_fn(candidate.path, iteration))
+                    result = load_fn(candidate.path, iteration)
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001 - any failure: the next candidate
+                error = exc
+            # A rank's reads can fail alone (a range only it reads, as megatron-core 0.19's loader
+            # raises locally): every rank moves to the next candidate together, or none does.
+            if not self.hook.agree([int(error is not None)])[0]:
+                restored = Restored(iteration, "memory", candidate.path, result)
                 counts = reader.counts if reader is not None else ReadCounts()
                 break
-            except (Exception, CheckpointException) as exc:  # noqa: BLE001 - every rank fails alike (torch_dist agrees)
-                later = next((k for k, _ in agreed[i + 1:] if newest_disk is None or k >= newest_disk), None)
-                then = (f"iteration {later} from memory" if later is not None else
-                        "the newest disk checkpoint" if newest_disk is not None else "a start from scratch")
-                self._fell_back(iteration, exc, then)
+            later = next((k for k, _ in agreed[i + 1:] if newest_disk is None or k >= newest_disk), None)
+            then = (f"iteration {later} from memory" if later is not None else
+                    "the newest disk checkpoint" if newest_disk is not None else "a start from scratch")
+            self._fell_back(iteration, error or RuntimeError("another rank could not load it"), then)
         if restored is None and checkpoints is not None:
-            iteration, result = checkpoints.load_latest(load_fn)
+            agree = self.hook.agree if dist.is_initialized() else None  # every rank falls back together
+            iteration, result = checkpoints.load_latest(load_fn, agree=agree)
             if iteration is not None:
                 restored = Restored(iteration, "disk", str(checkpoints.dir_of(iteration)), result)
         restored = restored or Restored(None, "none")

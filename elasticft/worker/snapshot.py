@@ -216,7 +216,7 @@ def write_in_this_thread(request, items_dir: Path | None = None) -> None:
     forking = getattr(FileSystemWriterAsync, "write_preloaded_data_multiproc", None)
     if not (isinstance(fn, functools.partial) and fn.func is forking
             and len(fn.args) == 2 and len(request.async_fn_args) == 3):
-        fn(*request.async_fn_args)  # megatron-core >= 0.17's own writer already runs threads in this process
+        _write_threaded(fn, request.async_fn_args, items_dir)
         return
     transform_list, use_msc = fn.args
     _rank, buckets, results_queue = request.async_fn_args
@@ -239,6 +239,22 @@ def write_in_this_thread(request, items_dir: Path | None = None) -> None:
             break
         results[index] = written
     if items_dir is not None and isinstance(results, dict):
+        write_item_layouts(items_dir, [r for written in results.values() for r in written])
+    results_queue.put(results)
+
+
+def _write_threaded(fn, args, items_dir: Path | None) -> None:
+    """megatron-core >= 0.17's own writer, which already runs threads in this process. Its
+    arguments are (rank, buckets, results queue), as the forking one's: with ``items_dir``, its
+    results pass through a queue of ours on their way, for the items' layouts."""
+    if items_dir is None or len(args) != 3 or not hasattr(args[2], "put"):
+        fn(*args)
+        return
+    rank, buckets, results_queue = args
+    local: queue.Queue = queue.Queue()
+    fn(rank, buckets, local)
+    results = local.get_nowait()
+    if isinstance(results, dict):
         write_item_layouts(items_dir, [r for written in results.values() for r in written])
     results_queue.put(results)
 

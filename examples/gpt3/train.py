@@ -279,7 +279,7 @@ class Trainer:
         return str(path), time.time() - started
 
     def load(self, path, iteration: int) -> dict:
-        """CheckpointDir's load_fn: every rank fails or none (torch_dist agrees on errors)."""
+        """CheckpointDir's and the memory tier's load_fn; loading twice leaves the second's state."""
         state = self._state(is_loading=True)
         loaded = dist_checkpointing.load(state, str(path))
         if loaded.get("iteration") != iteration:
@@ -287,6 +287,8 @@ class Trainer:
         self.core.load_state_dict(loaded["model"])
         if "optimizer" in state:
             self.optimizer.load_state_dict(loaded["optimizer"])
+            # megatron's scheduler adds a checkpoint's steps to its own: a second load must not add twice
+            self.scheduler.num_steps = 0
             self.scheduler.load_state_dict(loaded["opt_param_scheduler"])
         return loaded.get("layout", {})
 

@@ -164,3 +164,29 @@ def test_eft_run_says_in_one_line_that_a_newer_minor_runs_untested(tmp_path, mon
     assert [r.getMessage() for r in caplog.records] == [
         "--eft-megatron-lm: megatron-core 0.20.0 is newer than eft's Megatron-LM mode was tested with "
         "(0.17.x, 0.18.x, 0.19.x); every site eft relies on is there: running it untested"]
+
+
+def test_a_second_load_into_the_same_scheduler_leaves_the_checkpoints_steps_after_a_rewind():
+    """Megatron's scheduler adds a checkpoint's steps to its own when it loads; the memory tier's
+    fallback loads twice in one process, rewinding first (seam.rewind_scheduler): the learning
+    rate must then be the older checkpoint's, not that of the two counts added."""
+    import torch
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    def scheduler() -> OptimizerParamScheduler:
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+        return OptimizerParamScheduler(optimizer, init_lr=0.0, max_lr=1.0, min_lr=0.0, lr_warmup_steps=100,
+                                       lr_decay_steps=1000, lr_decay_style="linear", start_wd=0.0, end_wd=0.0,
+                                       wd_incr_steps=1000, wd_incr_style="constant")
+
+    saved = {}
+    for steps in (8, 16):
+        trained = scheduler()
+        trained.step(increment=steps)
+        saved[steps] = (trained.state_dict(), trained.optimizer.param_groups[0]["lr"])
+    resumed = scheduler()
+    for steps in (16, 8):  # the newer iteration loads on this rank, then every rank falls back
+        seam.rewind_scheduler((None, None, resumed), {})
+        resumed.load_state_dict(saved[steps][0])
+    assert getattr(resumed, seam.SCHEDULER_STEPS) == 8
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(saved[8][1])
