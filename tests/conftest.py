@@ -1,3 +1,5 @@
+import os
+import sys
 import uuid
 from pathlib import Path
 
@@ -10,6 +12,11 @@ from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord
 from elasticft.rendezvous.membership import Membership, NodeLease
 from elasticft.store import EmbeddedEtcd, StoreOptions, connect
+
+# The commands tests run by name (eft, eft-run, python in a SLURM batch script) are those of the
+# interpreter under test, as in its activated environment: `.venv/bin/python -m pytest` (README)
+# then tests .venv's eft, not another one on PATH.
+os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 
 @pytest.fixture(scope="session")
@@ -128,6 +135,15 @@ def pytest_collection_modifyitems(session, config, items):
     for item in items:
         if item.path.name not in SPREAD and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(item.path.name, item.path.name)))
+
+
+def pytest_xdist_node_collection_finished(node, ids):
+    """On xdist's controller: each worker's test ids carry their group (``@group``) under
+    --dist loadgroup. Where they do not (pytest 9.2 with pytest-xdist 3.8), a module's tests
+    would spread over both workers, each making the module's fixtures (two SLURM clusters)."""
+    if node.config.getvalue("dist") == "loadgroup" and ids and not any("@" in nodeid for nodeid in ids):
+        raise pytest.UsageError(f"pytest-xdist's --dist loadgroup did not group the tests (pytest "
+                                f"{pytest.__version__}): install the pytest pyproject.toml's test extra names")
 
 
 @pytest.fixture(scope="session")

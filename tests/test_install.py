@@ -10,6 +10,7 @@ listings before and after.
 
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 
@@ -36,8 +37,10 @@ def eft_requirements(extra: str) -> list[str]:
 def test_pip_keeps_the_installed_torch_when_it_installs_eft():
     wanted = eft_requirements("gpt")
     assert any(r.startswith("torch") for r in wanted) and any(r.startswith("megatron-core") for r in wanted)
+    # Without a constraints file: a user's registry caps no torch; this machine's pip config caps it
+    # at 2.14.1 (its comment says so), which would make pip "replace" a newer torch for that reason.
     asked = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-", *wanted],
-                           capture_output=True, text=True, timeout=200)
+                           capture_output=True, text=True, timeout=200, env={**os.environ, "PIP_CONSTRAINT": os.devnull})
     assert asked.returncode == 0, asked.stderr[-2000:]
     would = [item["metadata"]["name"].lower() for item in json.loads(asked.stdout)["install"]]
     assert not [name for name in would if name.startswith(KEPT) and name != "nvidia-ml-py"], \

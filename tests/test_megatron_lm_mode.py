@@ -11,6 +11,7 @@ from bench.launch import eft_run
 from elasticft import megatron_seam as seam
 from elasticft.config import ConfigError
 from elasticft.megatron_lm.mode import BOOT_DIR, worker_environment
+from tests.version_shadow import reporting
 
 PRETRAIN = "from megatron.training import get_args, pretrain\n\nif __name__ == '__main__':\n    pretrain()\n"
 OWN_LOOP = "import torch\nfrom megatron.core import parallel_state\n"
@@ -18,7 +19,7 @@ OWN_LOOP = "import torch\nfrom megatron.core import parallel_state\n"
 
 @pytest.fixture
 def in_range(monkeypatch):
-    """The installed megatron-core counts as tested (this lane has 0.16, without megatron.training)."""
+    """The installed megatron-core counts as tested, whichever this lane has."""
     monkeypatch.setattr(seam, "installed_version", lambda: "0.19.2")
 
 
@@ -57,13 +58,17 @@ def test_enable_ft_package_is_refused_where_eft_cannot_take_nvrxs_place(tmp_path
     assert worker_environment("auto", script(tmp_path, PRETRAIN), ["--enable-ft-package", "--save", "x"])
 
 
-def test_a_megatron_core_outside_the_tested_range_stops_eft_run_in_one_line(tmp_path):
-    """This lane's megatron-core (0.16) has no megatron.training: eft-run names it and exits 2
-    before starting any worker."""
-    version = seam.installed_version()
-    assert seam.version_problem(version) is not None
+@pytest.mark.parametrize("version", ["0.16.1", pytest.param(None, marks=pytest.mark.seam, id="installed")])
+def test_a_megatron_core_outside_the_tested_range_stops_eft_run_in_one_line(tmp_path, version):
+    """A megatron-core older than 0.17 (0.16 has no megatron.training; here the installed one
+    reports 0.16.1), or the lane's own where it is outside the range: eft-run names it and
+    exits 2 before starting any worker."""
+    env = reporting(tmp_path, "megatron-core", version) if version else None
+    version = version or seam.installed_version()
+    if seam.version_problem(version) is None:
+        pytest.skip(f"this lane's megatron-core {version} is in the tested range")
     done = subprocess.run([*eft_run(), "--standalone", "--nproc-per-node", "1", script(tmp_path, PRETRAIN)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert lines[-1] == (f"eft-run: error: --eft-megatron-lm: megatron-core {version} is outside the range eft's "

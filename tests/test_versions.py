@@ -17,6 +17,7 @@ import torch
 
 from elasticft import versions
 from elasticft.versions import Support
+from tests.version_shadow import reporting
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.seam
@@ -56,12 +57,7 @@ def test_megatron_core_is_optional_and_judged_by_its_minor():
 
 def shown_as(tmp_path: Path, version: str) -> dict:
     """An environment whose torch reports ``version`` to pip and to eft's check."""
-    site = tmp_path / f"torch-{version}"
-    info = site / f"torch-{version}.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), str(ROOT),
-                                                                        os.environ.get("PYTHONPATH", "")]))}
+    return reporting(tmp_path, "torch", version)
 
 
 def eft_run(env: dict, *args: str, code: str = "from launcher.preflight import eft_run; eft_run()") -> subprocess.CompletedProcess:
