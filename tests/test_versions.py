@@ -75,7 +75,8 @@ def test_a_torch_older_than_the_range_costs_one_line_and_exit_2(tmp_path, old):
 
 def test_a_newer_torch_runs_with_one_line_saying_it_is_untested(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text("import os; print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n")
+    # one write per worker: unbuffered prints of two workers sharing the output interleave
+    script.write_text("import os; os.write(1, f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}\\n\".encode())\n")
     done = eft_run(shown_as(tmp_path, "2.16.0"), "--standalone", "--nproc-per-node", "2", str(script))
     assert done.returncode == 0, done.stderr[-2000:]
     warnings = [line for line in done.stderr.splitlines() if "untested" in line]

@@ -243,7 +243,7 @@ class MemoryCheckpoints:
                     "the newest disk checkpoint" if newest_disk is not None else "a start from scratch")
             self._fell_back(iteration, error or RuntimeError("another rank could not load it"), then)
         if restored is None and checkpoints is not None:
-            agree = self.hook.agree if dist.is_initialized() else None  # every rank falls back together
+            agree = None if self.hook.inert else self.hook.agree  # every rank falls back together
             iteration, result = checkpoints.load_latest(load_fn, agree=agree)
             if iteration is not None:
                 restored = Restored(iteration, "disk", str(checkpoints.dir_of(iteration)), result)

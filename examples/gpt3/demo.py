@@ -75,7 +75,13 @@ def iterations(out: Path) -> list[dict]:
     path = out / "train.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for line in filter(str.strip, path.read_text().splitlines()):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # the line rank 0 is writing now: the next poll reads it whole
+            break
+    return records
 
 
 def run(args) -> dict:
