@@ -296,14 +296,13 @@ def bound(name: str, args: tuple, kwargs: dict) -> dict:
     return dict(_signatures[name].bind_partial(*args, **kwargs).arguments)
 
 
-def rewind_scheduler(args: tuple, kwargs: dict) -> None:
-    """Before ``load_checkpoint`` (called with ``args``, ``kwargs``) loads into a scheduler that
-    may have loaded before: back to a fresh one's step count. Megatron's OptimizerParamScheduler
-    adds a checkpoint's steps to its own (``load_state_dict``: ``step(increment=num_steps)``), and
-    eft loads twice in one process where the memory tier falls back to an older iteration after
-    this rank's first load went through: the learning rate would be the sum's."""
-    load = inspect.unwrap(function(SITES["load_checkpoint"]))  # the original, under eft's wrapper
-    scheduler = inspect.signature(load).bind_partial(*args, **kwargs).arguments.get("opt_param_scheduler")
+def rewind_scheduler(scheduler) -> None:
+    """Before ``load_checkpoint`` loads into ``scheduler`` (its ``opt_param_scheduler``; None:
+    nothing), which may have loaded before: back to a fresh one's step count. Megatron's
+    OptimizerParamScheduler adds a checkpoint's steps to its own (``load_state_dict``:
+    ``step(increment=num_steps)``), and eft loads twice in one process where the memory tier
+    falls back to an older iteration after this rank's first load went through: the learning
+    rate would be the sum's."""
     if scheduler is None:
         return
     if not isinstance(getattr(scheduler, SCHEDULER_STEPS, None), int):

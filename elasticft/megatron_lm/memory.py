@@ -122,13 +122,15 @@ class MegatronMemory:
         """Megatron's resume (``load_checkpoint(..., load_arg="load")``, every rank): from
         memory when the tier has an iteration at least as new as what Megatron would load."""
         margs = seam.function(seam.GET_ARGS)()
-        disk = _MegatronDisk(load, args, kwargs, margs)
+        # A fallback loads again into the same scheduler (seam.rewind_scheduler): before every load.
+        scheduler = seam.bound("load_checkpoint", args, kwargs).get("opt_param_scheduler")
+        disk = _MegatronDisk(load, args, kwargs, margs, scheduler)
 
         def load_memory(path: str, iteration: int):
             resumed = Path(path)
             with _attributes(margs, load=str(resumed.parent), ckpt_step=iteration, non_persistent_ckpt_type=None,
                              pretrained_checkpoint=None, finetune=False, no_load_optim=False, no_load_rng=False):
-                seam.rewind_scheduler(args, kwargs)  # a fallback loads again into the same scheduler
+                seam.rewind_scheduler(scheduler)
                 result = load(*args, **kwargs)
             if result[0] != iteration:
                 raise RuntimeError(f"{path} holds iteration {result[0]}, not {iteration}")
@@ -145,8 +147,9 @@ class _MegatronDisk:
     """What Megatron would resume from on its own, in the shape ``MemoryCheckpoints.restore``
     asks of a disk tier."""
 
-    def __init__(self, load, args: tuple, kwargs: dict, margs):
+    def __init__(self, load, args: tuple, kwargs: dict, margs, scheduler):
         self._load, self._args, self._kwargs, self._margs = load, args, kwargs, margs
+        self._scheduler = scheduler
         self.result = None  # Megatron's own load's return value, once it ran
 
     def complete_iterations(self) -> list[int]:
@@ -165,7 +168,7 @@ class _MegatronDisk:
         return [max(found)] if found else []
 
     def load_latest(self, _load_fn, agree=None):  # Megatron's load agrees itself (or a rank fails)
-        seam.rewind_scheduler(self._args, self._kwargs)  # after a memory iteration that did not load
+        seam.rewind_scheduler(self._scheduler)  # after a memory iteration that did not load
         self.result = self._load(*self._args, **self._kwargs)
         iteration = self.result[0] if self.result else 0
         return (iteration or None), self.result

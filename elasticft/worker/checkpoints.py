@@ -151,8 +151,7 @@ class CheckpointDir:
             # it, and any failure to load means: try the previous one.
             except BaseException as err:  # noqa: BLE001
                 error = err
-            if agree is not None and agree([int(error is not None)])[0] and error is None:
-                error = RuntimeError("another rank could not load it")
+            error = agreed_error(error, agree)
             if error is None:
                 phases.loaded(LoadTier.DISK, path)  # eft report: the load phase ends here
                 return iteration, result
@@ -160,3 +159,11 @@ class CheckpointDir:
                         path, type(error).__name__, error)
         phases.loaded(LoadTier.NONE)
         return None, None
+
+
+def agreed_error(error: BaseException | None, agree: Callable[[list[int]], list[int]] | None) -> BaseException | None:
+    """This rank's load error; or, where this rank's load went through but another rank's did not
+    (``agree``: the MAX over the ranks, a collective), one saying so: every rank moves on together."""
+    if agree is not None and agree([int(error is not None)])[0] and error is None:
+        return RuntimeError("another rank could not load it")
+    return error

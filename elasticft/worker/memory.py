@@ -38,6 +38,7 @@ from elasticft.contract.faults import COPY_SLOW_SECONDS
 from elasticft.contract.memory import LAG_MARKER, PAUSE_MARKER, RESTORE_FILE, RestoreCandidate, RestorePlan
 from elasticft.contract.run_dir import OutboxKind, WorkerEnv
 from elasticft.worker import phases
+from elasticft.worker.checkpoints import agreed_error
 from elasticft.worker.inject import FaultInjector
 from elasticft.worker.ranged_reads import ReadCounts, corrupt_ranges, ranged_reads
 from elasticft.worker.relay import Outbox
@@ -234,14 +235,15 @@ class MemoryCheckpoints:
                 error = exc
             # A rank's reads can fail alone (a range only it reads, as megatron-core 0.19's loader
             # raises locally): every rank moves to the next candidate together, or none does.
-            if not self.hook.agree([int(error is not None)])[0]:
+            error = agreed_error(error, self.hook.agree)
+            if error is None:
                 restored = Restored(iteration, "memory", candidate.path, result)
                 counts = reader.counts if reader is not None else ReadCounts()
                 break
             later = next((k for k, _ in agreed[i + 1:] if newest_disk is None or k >= newest_disk), None)
             then = (f"iteration {later} from memory" if later is not None else
                     "the newest disk checkpoint" if newest_disk is not None else "a start from scratch")
-            self._fell_back(iteration, error or RuntimeError("another rank could not load it"), then)
+            self._fell_back(iteration, error, then)
         if restored is None and checkpoints is not None:
             agree = None if self.hook.inert else self.hook.agree  # every rank falls back together
             iteration, result = checkpoints.load_latest(load_fn, agree=agree)

@@ -186,7 +186,7 @@ def test_a_second_load_into_the_same_scheduler_leaves_the_checkpoints_steps_afte
         saved[steps] = (trained.state_dict(), trained.optimizer.param_groups[0]["lr"])
     resumed = scheduler()
     for steps in (16, 8):  # the newer iteration loads on this rank, then every rank falls back
-        seam.rewind_scheduler((None, None, resumed), {})
+        seam.rewind_scheduler(resumed)
         resumed.load_state_dict(saved[steps][0])
     assert getattr(resumed, seam.SCHEDULER_STEPS) == 8
     assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(saved[8][1])
