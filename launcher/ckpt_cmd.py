@@ -19,12 +19,10 @@ from elasticft.memckpt.index import MemIndex, memory_summary
 from elasticft.rendezvous.membership import running_nodes
 from elasticft.store import StoreError, StoreOptions, connect
 from elasticft.tui.text import lag_text, memory_text
+from launcher.run_lookup import ENDPOINT, PREFIX, RUN_ID, RUNS_DIR, RunTarget, resolve
 
 ckpt_app = typer.Typer(help="Emergency checkpoints of a running job.", no_args_is_help=True)
 
-ENDPOINT = typer.Option(..., "--endpoint", envvar="EFT_ENDPOINT", help="etcd HOST:PORT of the run")
-RUN_ID = typer.Option(..., "--run-id", envvar="EFT_RUN_ID", help="the run's --rdzv-id")
-PREFIX = typer.Option("/eft", "--key-prefix", help="key_prefix given in --rdzv-conf")
 
 
 def _fail(message: str) -> NoReturn:
@@ -41,12 +39,12 @@ def _connect(endpoint: str):
         _fail(str(exc))
 
 
-def _protocol(endpoint: str, run_id: str, prefix: str) -> CheckpointProtocol:
-    return CheckpointProtocol(_connect(endpoint), RunKeys(run_id, prefix), source="eft-ckpt")
+def _target(endpoint: str | None, run_id: str | None, prefix: str | None, runs_dir: str) -> RunTarget:
+    return resolve(_fail, endpoint, run_id, prefix, runs_dir)
 
 
-def _request(endpoint: str, run_id: str, prefix: str, exit: bool) -> None:
-    protocol = _protocol(endpoint, run_id, prefix)
+def _request(target: RunTarget, exit: bool) -> None:
+    protocol = CheckpointProtocol(_connect(target.endpoint), target.keys, source="eft-ckpt")
     try:
         request, created = protocol.request("manual", requester=f"eft ckpt ({_user()})", exit=exit)
     except StoreError as exc:
@@ -65,27 +63,31 @@ def _user() -> str:
 
 
 @ckpt_app.command()
-def save(endpoint: str = ENDPOINT, run_id: str = RUN_ID, key_prefix: str = PREFIX) -> None:
+def save(endpoint: str | None = ENDPOINT, run_id: str | None = RUN_ID, key_prefix: str | None = PREFIX,
+         runs_dir: str = RUNS_DIR) -> None:
     """Every rank saves the same iteration, then training goes on."""
-    _request(endpoint, run_id, key_prefix, exit=False)
+    _request(_target(endpoint, run_id, key_prefix, runs_dir), exit=False)
 
 
 @ckpt_app.command()
-def stop(endpoint: str = ENDPOINT, run_id: str = RUN_ID, key_prefix: str = PREFIX) -> None:
+def stop(endpoint: str | None = ENDPOINT, run_id: str | None = RUN_ID, key_prefix: str | None = PREFIX,
+         runs_dir: str = RUNS_DIR) -> None:
     """Every rank saves, then the job exits cleanly (the agents do not restart it)."""
-    _request(endpoint, run_id, key_prefix, exit=True)
+    _request(_target(endpoint, run_id, key_prefix, runs_dir), exit=True)
 
 
 @ckpt_app.command()
 def status(
-    endpoint: str = ENDPOINT,
-    run_id: str = RUN_ID,
-    key_prefix: str = PREFIX,
+    endpoint: str | None = ENDPOINT,
+    run_id: str | None = RUN_ID,
+    key_prefix: str | None = PREFIX,
+    runs_dir: str = RUNS_DIR,
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """The last request, the acknowledgements, the latest complete checkpoint and the newest in memory."""
+    target = _target(endpoint, run_id, key_prefix, runs_dir)
     try:
-        client, keys = _connect(endpoint), RunKeys(run_id, key_prefix)
+        client, keys = _connect(target.endpoint), target.keys
         report = CheckpointProtocol(client, keys, source="eft-ckpt").status()
         report["memory"] = _memory(client, keys)
     except StoreError as exc:

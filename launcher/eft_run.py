@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import uuid
+from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
@@ -43,6 +44,7 @@ from elasticft.agent.restart_budget import NoProgress
 from elasticft.config import ConfigError, Settings
 from elasticft.contract.exit_codes import ExitCode
 from elasticft.contract.keys import RunKeys
+from elasticft.contract.local_runs import LocalRuns, default_runs_dir
 from elasticft.megatron_lm.mode import worker_environment as megatron_lm_environment
 from elasticft.planner.layout import NoLegalLayout
 from elasticft.rendezvous import plugin as torchrun_plugin
@@ -56,6 +58,7 @@ from elasticft.rendezvous.reuse import prepare_run
 from elasticft.store import EmbeddedEtcd, EtcdNotFound, StoreError, StoreUnavailable, connect
 from elasticft.torch_seam import agent_class_swapped, parse_rendezvous_config
 from launcher import ft_launcher_flags
+from launcher.entry_check import missing_entry
 from launcher.version_report import version_lines
 from launcher.slurm_setup import apply_slurm
 
@@ -166,6 +169,9 @@ def _setup_logging(level: str) -> None:
 
 def run(args, settings: Settings) -> ExitCode:
     """Launch; the exit status of a launch that ended without an exception."""
+    missing = missing_entry(args)  # before an etcd, a rendezvous and workers that would all fail
+    if missing:
+        raise UsageError(missing)
     apply_slurm(args, settings, lambda: run_target(args))  # the etcd its agents share the time limit through
     rdzv_conf = _check_torchrun_args(args)
     _check_memory_tier(args, settings)
@@ -174,7 +180,7 @@ def run(args, settings: Settings) -> ExitCode:
                                           args.training_script_args, args.module, args.no_python)
     os.environ.update(megatron_lm)
     torchrun_plugin.register()
-    embedded = None
+    embedded = noted = None
     try:
         wants_embedded = args.standalone or (args.rdzv_backend == "etcd-v3" and not args.rdzv_endpoint)
         if wants_embedded:
@@ -205,6 +211,7 @@ def run(args, settings: Settings) -> ExitCode:
                     args.rdzv_conf = ",".join(filter(None, [args.rdzv_conf, f"{name}={getattr(settings.ft, name):g}"]))
             os.environ["EFT_RUN_ID"] = args.rdzv_id
             os.environ["EFT_ENDPOINT"] = args.rdzv_endpoint
+            noted = _note_run(target, settings)
             if embedded is None:
                 if args.rdzv_id == "none":
                     log.warning("--rdzv-id not given: this job's run id is torchrun's default 'none', shared by "
@@ -215,9 +222,23 @@ def run(args, settings: Settings) -> ExitCode:
             torchrun_run(args)
         return _status_after_stop()
     finally:
+        if noted is not None:
+            noted.unlink(missing_ok=True)
         close_watches()
         if embedded is not None:
             embedded.stop()
+
+
+def _note_run(target: EtcdTarget, settings: Settings) -> Path | None:
+    """This host's note of the run, for `eft top`/`eft ckpt` without flags (contract/local_runs.py)."""
+    job = SlurmJob.from_environ(os.environ)
+    try:
+        return LocalRuns(settings.ft.runs_dir or None).register(
+            target.keys.run_id, target.store.endpoints, target.keys.prefix, job.job_id if job else "")
+    except OSError as exc:  # a convenience: the job runs without it
+        log.warning("--eft-runs-dir: cannot note the run in %s (%s): `eft top` here needs --endpoint and --run-id",
+                    settings.ft.runs_dir or default_runs_dir(), exc)
+        return None
 
 
 _AGENTS: list[FTElasticAgent] = []  # the agent torch's launch made (one per eft-run)
@@ -249,8 +270,19 @@ def _prepare_run(target: EtcdTarget, settings: Settings) -> None:
         client.close()
 
 
-@record
 def main(argv: list[str] | None = None) -> None:
+    """eft-run's entry (after preflight). Workers that failed for good end the launch with
+    torch's root-cause summary (rank, exit code, error file), not a traceback of eft-run's
+    own frames: they are where the user looks, ours say nothing about the failure."""
+    try:
+        _launch(argv)
+    except ChildFailedError as exc:  # torch's @record has written the error file for a parent launcher
+        print(f"eft-run: error: the workers failed{exc.format_msg()}", file=sys.stderr)
+        sys.exit(int(ExitCode.FAILED))
+
+
+@record
+def _launch(argv: list[str] | None) -> None:
     faulthandler.enable()  # an agent that crashes in native code (gRPC, gloo) says where, in its log
     try:
         parser = build_parser()

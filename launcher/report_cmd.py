@@ -26,6 +26,7 @@ from elasticft.goodput.svg import SvgError
 from elasticft.goodput.timeline import picture
 from elasticft.store import StoreError, StoreOptions, connect
 from launcher.one_line import OneLineErrors, fail
+from launcher.run_lookup import ENDPOINT, PREFIX, RUN_ID, RUNS_DIR, resolve
 
 
 def _fail(message: str) -> NoReturn:
@@ -198,10 +199,10 @@ def phase_table(report: Breakdown) -> list[str]:
 
 
 def report_command(
-    endpoint: Optional[str] = typer.Option(None, "--endpoint", envvar="EFT_ENDPOINT",
-                                           help="etcd HOST:PORT of the run (with --run-id)"),
-    run_id: Optional[str] = typer.Option(None, "--run-id", envvar="EFT_RUN_ID", help="the run's --rdzv-id"),
-    prefix: str = typer.Option("/eft", "--key-prefix", help="key_prefix given in --rdzv-conf"),
+    endpoint: Optional[str] = ENDPOINT,
+    run_id: Optional[str] = RUN_ID,
+    prefix: Optional[str] = PREFIX,
+    runs_dir: str = RUNS_DIR,
     events_file: Optional[Path] = typer.Option(
         None, "--events", help="the event log as JSON lines (eft-run --eft-events-file), instead of etcd"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of text"),
@@ -217,10 +218,10 @@ def report_command(
               + (" (PNG needs matplotlib, which eft does not depend on)" if plot.suffix.lower() == ".png" else ""))
     if events_file is not None:
         events, title = read_events_file(events_file), f"run of {events_file.name}"
-    elif endpoint and run_id:
-        events, title = read_events_etcd(endpoint, run_id, prefix), f"run {run_id}"
     else:
-        _fail("give --events FILE, or --endpoint and --run-id")
+        target = resolve(lambda message: _fail(f"{message}; or give --events FILE"), endpoint, run_id, prefix, runs_dir)
+        run_id = target.keys.run_id
+        events, title = read_events_etcd(target.endpoint, run_id, target.keys.prefix), f"run {run_id}"
     try:
         report = breakdown(events)
     except ReportError as exc:

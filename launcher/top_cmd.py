@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.live import Live
 
 from elasticft.config import RiskConfig
-from elasticft.contract.keys import RunKeys
 from elasticft.store import StoreError, StoreOptions, connect
+from launcher.run_lookup import ENDPOINT, PREFIX, RUN_ID, RUNS_DIR, RunTarget, resolve
 from elasticft.tui import (
     SORTS,
     Dashboard,
@@ -35,9 +35,6 @@ from elasticft.tui import (
     status_text,
 )
 
-ENDPOINT = typer.Option(..., "--endpoint", envvar="EFT_ENDPOINT", help="etcd HOST:PORT of the run")
-RUN_ID = typer.Option(..., "--run-id", envvar="EFT_RUN_ID", help="the run's --rdzv-id")
-PREFIX = typer.Option("/eft", "--key-prefix", envvar="EFT_KEY_PREFIX", help="key_prefix given in --rdzv-conf")
 THRESHOLD = typer.Option(
     RiskConfig().risk_threshold, "--threshold", envvar="EFT_RISK_THRESHOLD",
     help="risk drawn red at or above this (the agents' --eft-risk-threshold)",
@@ -77,7 +74,13 @@ def _connect(command: str, endpoint: str):
         _fail(command, str(exc))
 
 
-def _read_once(command: str, endpoint: str, keys: RunKeys, settings: ViewSettings) -> View:
+def _target(command: str, endpoint: str | None, run_id: str | None, key_prefix: str | None,
+            runs_dir: str) -> RunTarget:
+    return resolve(lambda message: _fail(command, message), endpoint, run_id, key_prefix, runs_dir)
+
+
+def _read_once(command: str, target: RunTarget, settings: ViewSettings) -> View:
+    endpoint, keys = target.endpoint, target.keys
     client = _connect(command, endpoint)
     try:
         state = read_state(client, keys)
@@ -92,9 +95,10 @@ def _read_once(command: str, endpoint: str, keys: RunKeys, settings: ViewSetting
 
 
 def top(
-    endpoint: str = ENDPOINT,
-    run_id: str = RUN_ID,
-    key_prefix: str = PREFIX,
+    endpoint: str | None = ENDPOINT,
+    run_id: str | None = RUN_ID,
+    key_prefix: str | None = PREFIX,
+    runs_dir: str = RUNS_DIR,
     refresh: float = typer.Option(1.0, "--refresh", envvar="EFT_TOP_REFRESH",
                                   help="least seconds between two redraws (data arrive by watch)"),
     once: bool = typer.Option(False, "--once", help="print one frame and exit (1 if the run does not exist)"),
@@ -113,7 +117,7 @@ def top(
         _fail("top", f"--refresh: expected seconds > 0, got {refresh:g}")
     if max_rows < 0:
         _fail("top", f"--max-rows: expected >= 0, got {max_rows}")
-    keys = RunKeys(run_id, key_prefix)
+    target = _target("top", endpoint, run_id, key_prefix, runs_dir)
     console = Console()
 
     def limit(view: View) -> int | None:
@@ -122,15 +126,15 @@ def top(
         return rows_that_fit(console, view) if console.is_terminal else None
 
     if once:
-        view = _read_once("top", endpoint, keys, settings)
+        view = _read_once("top", target, settings)
         if as_json:
             typer.echo(json.dumps(view.to_dict(), indent=2))
         else:
             console.print(frame(view, limit(view), console.width))
         return
-    client = _connect("top", endpoint)
+    client = _connect("top", target.endpoint)
     try:
-        mirror = RunMirror(client, keys).start()
+        mirror = RunMirror(client, target.keys).start()
     except StoreError as exc:
         _fail("top", str(exc))
     stop = threading.Event()
@@ -157,9 +161,10 @@ def top(
 
 
 def status(
-    endpoint: str = ENDPOINT,
-    run_id: str = RUN_ID,
-    key_prefix: str = PREFIX,
+    endpoint: str | None = ENDPOINT,
+    run_id: str | None = RUN_ID,
+    key_prefix: str | None = PREFIX,
+    runs_dir: str = RUNS_DIR,
     threshold: float = THRESHOLD,
     stale_after: float = STALE_AFTER,
     rows: int = typer.Option(5, "--rows", envvar="EFT_STATUS_ROWS", help="riskiest GPUs listed"),
@@ -170,7 +175,7 @@ def status(
     settings = _settings("status", threshold, stale_after, "risk", request_timeout, events)
     if rows < 0:
         _fail("status", f"--rows: expected >= 0, got {rows}")
-    view = _read_once("status", endpoint, RunKeys(run_id, key_prefix), settings)
+    view = _read_once("status", _target("status", endpoint, run_id, key_prefix, runs_dir), settings)
     typer.echo(status_text(view, gpu_rows=rows, events=events))
 
 

@@ -8,6 +8,7 @@ worked out by hand in the comments, so the accounting is checked number by numbe
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -89,9 +90,11 @@ def test_logs_that_cannot_be_reported_say_why():
         breakdown([e for e in two_generations() if e["kind"] != EventKind.WORKERS_STOPPED])
 
 
-def eft_report(*args: str) -> subprocess.CompletedProcess:
+def eft_report(*args: str, runs_dir: Path | None = None) -> subprocess.CompletedProcess:
+    """``eft report``; ``runs_dir``: where it looks for a run of this host when none is named."""
+    env = {**os.environ, "EFT_RUNS_DIR": str(runs_dir)} if runs_dir else None
     return subprocess.run([sys.executable, "-m", "launcher.cli", "report", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, env=env)
 
 
 def write_jsonl(path: Path, events: list[dict]) -> Path:
@@ -146,7 +149,7 @@ def test_a_run_without_failures_asks_for_an_mtbf(tmp_path):
     (["--events", "{good}", "--mtbf-hours", "-1"], "--mtbf-hours must be > 0"),
     (["--events", "{good}", "--plot", "x.png"], "PNG needs matplotlib"),
     (["--events", "{nojoin}"], "not the event log of an eft-run job"),
-    ([], "give --events FILE, or --endpoint and --run-id"),
+    ([], "give --endpoint and --run-id (the launch line's --rdzv-endpoint and --rdzv-id); or give --events FILE"),
     (["--endpoint", "127.0.0.1:1", "--run-id", "r"], "unreachable"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
@@ -155,7 +158,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
              "nojoin": json.dumps(ev(EventKind.LAYOUT, 1.0)) + "\n"}
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    done = eft_report(*[a.format(**{k: str(tmp_path / k) for k in files}) for a in args])
+    done = eft_report(*[a.format(**{k: str(tmp_path / k) for k in files}) for a in args], runs_dir=tmp_path / "runs")
     assert done.returncode == 2 and says in done.stderr, done.stderr
     assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
 

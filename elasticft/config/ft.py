@@ -52,6 +52,10 @@ class FTConfig:
     die_with_agent: bool = knob(True, "workers start through a shim that sets PR_SET_PDEATHSIG (Linux), so that a "
                                       "SIGKILLed agent leaves no worker holding a GPU or a port")
     log_level: str = knob("INFO", "level of eft's own log lines on stderr (DEBUG, INFO, WARNING, ERROR)")
+    runs_dir: str = knob(
+        "", "where eft-run notes the run it is in (etcd, run id), so that `eft top`, `eft status` and "
+        "`eft ckpt` on this host find it without flags (default: $TMPDIR/eft-runs-<uid>)"
+    )
     events_file: str = knob(
         "", "at the job's end, write the run's whole event log here as JSON lines, for "
         "`eft report --events` (needed with --standalone, whose etcd goes with the job)"

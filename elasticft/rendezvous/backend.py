@@ -141,20 +141,46 @@ class EtcdRendezvousOptions:
 
 
 def _connect_until(options: EtcdRendezvousOptions) -> EtcdClient:
-    """Connect, retrying until the join timeout: etcd may start after the agents."""
-    deadline = time.monotonic() + options.join_timeout
-    delay = 0.2
+    """Connect, retrying until the join timeout: etcd may start after the agents.
+
+    This is the job's first contact with its etcd. Until etcd has answered once, silence is
+    as likely a mistyped --rdzv-endpoint as an etcd still starting, so the wait says so and
+    when it gives up (an etcd that answered before and went away is an outage: outage.py)."""
+    started = time.monotonic()
+    deadline = started + options.join_timeout
+    delay, said = 0.2, None
     while True:
         try:
-            return connect(options.store)
+            probe = connect(options.store, probe=True)  # its failures are not an outage of etcd
         except StoreUnavailable:
-            if time.monotonic() + delay > deadline:
+            now = time.monotonic()
+            if now + delay > deadline:
                 raise RendezvousStoreUnavailable(
                     f"--rdzv-endpoint: no etcd answered at {options.store.endpoints} "
                     f"within the join timeout ({options.join_timeout:g} s)"
                 ) from None
+            if said is None or now - said >= FIRST_CONTACT_REPORT_EVERY:
+                _say_first_contact(options, now - started, deadline - now, first=said is None)
+                said = now
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
+            continue
+        probe.close()
+        return connect(options.store)
+
+
+FIRST_CONTACT_REPORT_EVERY = 30.0  # seconds between two "no etcd yet" lines
+
+
+def _say_first_contact(options: EtcdRendezvousOptions, waited: float, left: float, first: bool) -> None:
+    gives_up = time.strftime("%H:%M:%S", time.localtime(time.time() + left))
+    if first:
+        log.warning("no etcd answers at %s: this is the job's first contact with it (is --rdzv-endpoint right?); "
+                    "waiting for it up to the join timeout, %g s: giving up at %s (--rdzv-conf join_timeout)",
+                    options.store.endpoints, options.join_timeout, gives_up)
+    else:
+        log.warning("still no etcd at %s after %.0f s: giving up in %.0f s, at %s (--rdzv-conf join_timeout)",
+                    options.store.endpoints, waited, left, gives_up)
 
 
 # Handlers made in this process; torch never tells a handler it is done, so the
