@@ -11,8 +11,10 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from elasticft.agent.warm_pool import WarmPool
@@ -184,6 +186,29 @@ def test_a_changed_environment_or_module_file_is_a_cold_start_in_place(script, t
     (tmp_path / "lib" / "preloaded_mod.py").write_text("VERSION = 2  # updated between restarts\n")
     code, out, line = _start(pool, script, tmp_path, env, caplog)
     assert "version 2" in out and "a loaded module's file changed on disk" in line and "preloaded_mod.py" in line
+    pool.close()
+
+
+def test_what_the_interpreters_own_start_sets_is_no_doubt_and_a_cold_start_in_place_is_dated_at_the_handoff(
+        tmp_path, caplog):
+    # A site's own setup that writes a variable (as torch does when a sitecustomize imports it).
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "sitecustomize.py").write_text("import os\nos.environ['SET_BY_SITE'] = str(os.getpid())\n")
+    script = tmp_path / "job.py"
+    script.write_text("import os\nfrom elasticft.worker.progress import process_started_at\n"
+                      "print('site', os.environ.get('SET_BY_SITE') == str(os.getpid()), 'started', process_started_at())\n")
+    pool = _pool(tmp_path)
+    env = _ready(pool, script, tmp_path)
+    code, out, line = _start(pool, script, tmp_path, env, caplog)
+    assert code == 0 and re.fullmatch(r"local rank 0: warm start in pid \d+", line), line
+    assert "site True" in out  # the worker keeps what its own start set, as a cold one would have it
+    (idle,) = pool._idle
+    handed = time.time()
+    assert idle.proc.poll() is None and handed > psutil.Process(idle.proc.pid).create_time()
+    code, out, line = _start(pool, script, tmp_path, {**env, "FOO": "bar"}, caplog)
+    assert code == 0 and "in the warm interpreter's place" in line and "site True" in out, line
+    # eft report dates this worker's start at the handoff, not at the interpreter's own start
+    assert float(out.split("started ")[1].split()[0]) >= handed
     pool.close()
 
 

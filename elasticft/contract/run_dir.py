@@ -38,6 +38,9 @@ class WorkerEnv(enum.StrEnum):
     INJECT = "EFT_INJECT"  # faults to inject (``--eft-inject``)
     MEM_DIR = "EFT_MEM_CKPT_WRITE_DIR"  # where this generation's memory snapshots go (``contract.memory``)
     NODE_ID = "EFT_NODE_ID"  # the agent's node id (``--eft-node-id``): numeric faults implicate nodes by it
+    # "<pid>:<unix time>": a warm interpreter that ran the worker's command cold, in its own place
+    # (same pid), became that worker then; the process itself started before the failure
+    BECAME_WORKER = "EFT_BECAME_WORKER"
 
 
 class OutboxKind(enum.StrEnum):

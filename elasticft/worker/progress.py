@@ -29,7 +29,7 @@ import time
 from collections import deque
 
 from elasticft.contract.progress import SECTIONS, progress_dir
-from elasticft.contract.run_dir import write_atomically
+from elasticft.contract.run_dir import WorkerEnv, write_atomically
 from elasticft.worker import phases
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,16 @@ def became_worker_at(when: float) -> None:
     _became_worker_at = when
 
 
+def _became_worker_in_place() -> float | None:
+    """The handoff time a warm interpreter left for the command it exec'd in its place (its
+    children, which inherit the variable, are not that worker: the pid tells)."""
+    pid, _, when = os.environ.get(WorkerEnv.BECAME_WORKER, "").partition(":")
+    try:
+        return float(when) if int(pid) == os.getpid() else None
+    except ValueError:
+        return None
+
+
 def process_started_at() -> float:
     """When this worker started, on the wall clock: a warm interpreter's handoff; else the process's
     age on the boot clock, subtracted from now.
@@ -62,6 +72,9 @@ def process_started_at() -> float:
     ``eft report`` would merge the two generations."""
     if _became_worker_at is not None:
         return _became_worker_at
+    became = _became_worker_in_place()
+    if became is not None:
+        return became
     try:
         with open("/proc/self/stat") as stat:
             ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime

@@ -29,6 +29,7 @@ import socket
 import sys
 import types
 
+from elasticft.contract.run_dir import WorkerEnv
 from elasticft.contract.warm_start import Handoff, Spawn, changed_variables, parse_python_command, reply_line
 from elasticft.pdeathsig_exec import die_with
 
@@ -209,20 +210,47 @@ def _run_cold(handoff: Handoff) -> None:
     for name in ("SIGPIPE", "SIGXFSZ"):  # as Popen(restore_signals=True) leaves them for a cold worker
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_DFL)
+    # The same pid goes on, and the kernel dates it at this interpreter's start, before the failure:
+    # the worker's heartbeats date its start at the handoff instead (progress.process_started_at).
+    env = {**handoff.env, WorkerEnv.BECAME_WORKER: f"{os.getpid()}:{handoff.sent_at!r}"}
     try:
-        os.execvpe(handoff.program, [handoff.program, *handoff.args], handoff.env)
+        os.execvpe(handoff.program, [handoff.program, *handoff.args], env)
     except OSError as exc:
         print(f"eft: cannot run {handoff.program}: {exc}", file=sys.stderr)
         os._exit(127)
 
 
-def _run_warm(handoff: Handoff) -> None:
+def given_environment() -> dict[str, str]:
+    """The environment this interpreter was started with: what the agent gave it. Not
+    ``os.environ``, which the interpreter's own start may have changed before any of eft's code
+    ran (a sitecustomize that imports torch: torch sets TORCHINDUCTOR_CACHE_DIR); Linux keeps the
+    original in /proc/self/environ."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            items = f.read().split(b"\0")
+    except OSError:
+        return dict(os.environ)
+    return dict(os.fsdecode(item).split("=", 1) for item in items if b"=" in item)
+
+
+def own_changes(given: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """What this interpreter's start and imports set and removed in its environment: a cold
+    start's site and imports would do the same, so the worker keeps them."""
+    now = dict(os.environ)
+    return {k: v for k, v in now.items() if given.get(k) != v}, [k for k in given if k not in now]
+
+
+def _run_warm(handoff: Handoff, changes: tuple[dict[str, str], list[str]]) -> None:
     from elasticft.worker.progress import became_worker_at
 
     became_worker_at(handoff.sent_at)  # the worker's start, as the heartbeats tell it
     command = parse_python_command(handoff.program, handoff.args)
+    set_here, removed_here = changes
     os.environ.clear()
     os.environ.update(handoff.env)
+    os.environ.update(set_here)
+    for name in removed_here:
+        os.environ.pop(name, None)
     first = command.sys_path0(handoff.cwd)
     if first is not None:
         sys.path[0] = first
@@ -250,13 +278,13 @@ def main(argv: list[str]) -> None:
     spawn = Spawn.decode(argv[2])
     if spawn.die_with_agent:
         die_with(spawn.agent_pid)
-    started_env = dict(os.environ)
+    started_env = given_environment()
     _import_when_idle()
     first = spawn.command.sys_path0(os.getcwd())
     if first is not None and sys.path:
         sys.path[0] = first
     import_error = preload(modules_to_preload(spawn))
-    files = loaded_files()
+    files, changes = loaded_files(), own_changes(started_env)
     message, fds, _flags, _addr = socket.recv_fds(control, MAX_HANDOFF, 2)
     if not message or len(fds) != 2:  # the agent closed the pool: nothing to become
         os._exit(0)
@@ -268,7 +296,7 @@ def main(argv: list[str]) -> None:
     control.close()
     if why is not None:
         _run_cold(handoff)
-    _run_warm(handoff)
+    _run_warm(handoff, changes)
 
 
 if __name__ == "__main__":
