@@ -63,8 +63,9 @@ def _job(tmp_path: Path, name: str, *flags: str) -> tuple[subprocess.CompletedPr
     (folder / "job").mkdir()
     (folder / "job" / "train.py").write_text(DUMP)
     (folder / "job" / "helper_beside.py").write_text("import os\nLOADED_BY = os.environ.get('RANK')\n")
+    # Started as a batch shell's `cmd &` starts it: SIGINT ignored until torch installs its handlers.
     agent = subprocess.Popen(
-        [sys.executable, "-m", "launcher.eft_run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+        ["sh", "-c", 'trap "" INT; exec "$@"', "sh", sys.executable, "-m", "launcher.eft_run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
          "--log-dir", str(folder / "logs"), "--redirects", "3", *flags, "job/train.py", "--lr", "0.1"],
         cwd=folder, env={**os.environ, "DUMP_DIR": "dump", "PYTHONPATH": str(Path.cwd())},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -33,7 +33,7 @@ from pathlib import Path
 from elasticft import torch_seam
 from elasticft.agent.orphans import unguarded_command
 from elasticft.config import StartConfig
-from elasticft.contract.warm_start import WARM, Handoff, PythonCommand, Spawn, parse_python_command
+from elasticft.contract.warm_start import WARM, Handoff, PythonCommand, Spawn, ignored_signals, parse_python_command
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,8 @@ class WarmPool:
                 why = self._retire(warm)
                 continue
             _normal_priority(warm.proc.pid)  # a worker waits on it now, even if it is still importing
-            handoff = Handoff(program, [str(a) for a in args], dict(env), os.getcwd(), sorted(per_rank), time.time())
+            handoff = Handoff(program, [str(a) for a in args], dict(env), os.getcwd(), sorted(per_rank), time.time(),
+                              ignored_signals())
             fds = [(stdout or sys.stdout).fileno(), (stderr or sys.stderr).fileno()]
             try:
                 socket.send_fds(warm.control, [handoff.encode()], fds)

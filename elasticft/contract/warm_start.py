@@ -80,6 +80,20 @@ def changed_variables(started: dict[str, str], given: dict[str, str], per_rank: 
                   and not n.startswith(GENERATION_PREFIX) and n not in per_rank)
 
 
+def ignored_signals() -> list[int]:
+    """The signals this process ignores now (what a child it starts inherits as ignored)."""
+    import signal
+
+    found = []
+    for sig in signal.valid_signals():
+        try:
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                found.append(int(sig))
+        except (OSError, ValueError):  # not a signal Python can ask about
+            continue
+    return found
+
+
 @dataclass(frozen=True)
 class Handoff:
     """What the agent sends to start one worker (stdout and stderr go with it as descriptors)."""
@@ -90,6 +104,9 @@ class Handoff:
     cwd: str
     per_rank: list[str] = field(default_factory=list)  # torch's per-rank variables (may differ)
     sent_at: float = 0.0  # unix time: the worker's start (it may still be importing then)
+    # signals the agent ignores at the handoff: a cold worker inherits exactly those ignored (an
+    # interpreter started earlier, e.g. before torch's handlers, may have inherited others)
+    ignored: list[int] = field(default_factory=list)
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode() + b"\n"

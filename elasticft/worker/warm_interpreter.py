@@ -206,10 +206,20 @@ def _take_output(spawn: Spawn, out_fd: int, err_fd: int) -> None:
     os.close(err_fd)
 
 
+# What Python itself ignores at every start, whatever it inherited.
+_PYTHONS_OWN = {getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, name)}
+
+
 def _run_cold(handoff: Handoff) -> None:
-    for name in ("SIGPIPE", "SIGXFSZ"):  # as Popen(restore_signals=True) leaves them for a cold worker
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    # What torch's Popen would leave: the agent's ignored signals now, SIGPIPE and SIGXFSZ at their
+    # default (restore_signals=True), every other one at its default (exec resets handlers, not ignores)
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            signal.signal(sig, signal.SIG_IGN if sig in handoff.ignored and sig not in _PYTHONS_OWN else signal.SIG_DFL)
+        except (OSError, ValueError):
+            continue
     # The same pid goes on, and the kernel dates it at this interpreter's start, before the failure:
     # the worker's heartbeats date its start at the handoff instead (progress.process_started_at).
     env = {**handoff.env, WorkerEnv.BECAME_WORKER: f"{os.getpid()}:{handoff.sent_at!r}"}
@@ -240,10 +250,27 @@ def own_changes(given: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     return {k: v for k, v in now.items() if given.get(k) != v}, [k for k in given if k not in now]
 
 
+def _signals_of_a_cold_start(ignored: list[int]) -> None:
+    """Ignore what a cold worker would inherit as ignored, and no more: this interpreter
+    inherited the agent's ignored signals of its own start (an agent started by a batch shell's
+    ``&`` ignores SIGINT until torch installs its handlers)."""
+    for sig in signal.valid_signals():
+        if sig in _PYTHONS_OWN or sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            if sig in ignored:
+                signal.signal(sig, signal.SIG_IGN)
+            elif signal.getsignal(sig) == signal.SIG_IGN:  # as Python sets it up for a signal not ignored
+                signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        except (OSError, ValueError):
+            continue
+
+
 def _run_warm(handoff: Handoff, changes: tuple[dict[str, str], list[str]]) -> None:
     from elasticft.worker.progress import became_worker_at
 
     became_worker_at(handoff.sent_at)  # the worker's start, as the heartbeats tell it
+    _signals_of_a_cold_start(handoff.ignored)
     command = parse_python_command(handoff.program, handoff.args)
     set_here, removed_here = changes
     os.environ.clear()
