@@ -59,6 +59,9 @@ class Row:
     network: bool = False  # each node (and etcd) in a network namespace of its own (bench/netns.py)
     flags: tuple[str, ...] = ()  # the row's own eft-run flags
     needs: Callable[[], str] = lambda: ""  # why the row cannot run here ("" : it can)
+    # a test that runs this very fault on a job of its own (the world size after, no work or
+    # checkpoint lost): tests/test_chaos.py leaves the row to it; the bench still runs every row
+    tested_by: str = ""
 
 
 # -- faults ----------------------------------------------------------------------------
@@ -279,7 +282,8 @@ ROWS = [
     Row("whole node SIGKILL", kill_node, world_after=1, max_redone=SAVE_INTERVAL),
     # A node that wakes rejoins the job at the next round: the world is whole again.
     Row("node SIGSTOP 10 s", freeze_node, world_after=2, max_redone=SAVE_INTERVAL),
-    Row("etcd restart 5 s", etcd_outage(5), world_after=2, max_redone=0, restart_allowed=False, max_stall=ETCD_STALL),
+    Row("etcd restart 5 s", etcd_outage(5), world_after=2, max_redone=0, restart_allowed=False, max_stall=ETCD_STALL,
+        tested_by="tests/test_etcd_outage.py::test_the_workers_train_on_through_an_etcd_restart"),
     Row("etcd down 60 s", etcd_outage(60), world_after=2, max_redone=0, restart_allowed=False, max_stall=ETCD_STALL),
     Row("1 of 3 etcd members lost", lose_follower, world_after=2, max_redone=0, restart_allowed=False,
         max_stall=ETCD_STALL, etcd_members=3),
@@ -287,7 +291,8 @@ ROWS = [
         etcd_members=3),
     # Cut from etcd: the others go on without it; healed, it registers again and rejoins.
     Row("partition node<->etcd", partition("etcd"), world_after=2, max_redone=SAVE_INTERVAL, network=True,
-        needs=netns_unavailable),
+        needs=netns_unavailable,
+        tested_by="tests/test_partitions.py::test_training_survives_a_partition_of_one_node[etcd-healed-soon]"),
     # Cut from its peer (both still reach etcd): the step hangs until the step timeout restarts
     # it; the new round waits in setup until the heal, then the two train on.
     Row("partition node<->peers", partition("peers"), world_after=2, max_redone=SAVE_INTERVAL, network=True,

@@ -120,7 +120,7 @@ def test_a_node_that_stays_and_computes_garbage_ends_the_job_as_no_progress(tmp_
     assert "no progress" in (tmp_path / "stays.log").read_text().strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize("seed", [1234, 1, 2])
+@pytest.mark.parametrize("seed", [1234, 1])
 def test_the_normal_loss_curve_never_rolls_back(tmp_path, seed):
     """The example's own curve, 60 iterations with the default spike rule (docs/numerics.md)."""
     ckpt = tmp_path / "ckpt"
