@@ -1,7 +1,9 @@
 """Issue #18's acceptance, measured as ``eft health eval`` measures it (elasticft/health/evaluate.py):
 at the default threshold every gradual failure of the corpus is caught at least five
 minutes ahead, the sudden fall-off is not, and healthy GPUs — the always-hot one, the
-checkpoint pauses, a job-wide throttle, days of a fleet — do not trigger."""
+checkpoint pauses, a job-wide throttle, days of a fleet — do not trigger. Issue #45's
+(part 2): a GPU whose power swings wider than its peers', in any shape, period, amplitude
+from +-150 W and power limit, is caught five minutes before it falls off the bus."""
 
 import sys
 from pathlib import Path
@@ -16,9 +18,11 @@ from elasticft.health.labels import read_labels
 DATA = Path(__file__).parent / "data"
 sys.path.insert(0, str(DATA))  # make_fleet imports make_traces by its bare name, as when run as a script
 from make_fleet import healthy_fleet
+from make_more_traces import PowerSwing
+from make_traces import Node
 
 GRADUAL = {"thermal_runaway", "power_oscillation", "ecc_fall_off_bus", "falling_clocks", "memory_leak_oom",
-           "steady_overheat", "power_delivery"}
+           "steady_overheat", "power_delivery", "power_instability"}
 MIN_LEAD_S = 300.0
 
 
@@ -52,16 +56,59 @@ def test_the_always_hot_gpu_stays_well_below_the_threshold():
     assert summaries[4].first_trigger is None and summaries[4].max_risk < 0.6
 
 
-def fleet_false_triggers(nodes: int, days: float) -> tuple[int, float]:
-    traces = [score_trace(name, samples, RiskModel()) for name, samples in healthy_fleet(nodes, days)]
+def test_without_the_power_instability_factor_its_trace_is_missed():
+    """The corpus's power_instability.csv is the issue's case: the model before the factor
+    (its weight 0 leaves every other score as it was) never triggers on it."""
+    path = DATA / "power_instability.csv"
+    config = RiskConfig(risk_weight_power_instability=0.0)
+    trace = score_trace(path.stem, read_trace(path), RiskModel(config), read_labels(path))
+    (outcome,) = evaluate([trace], [config.risk_threshold])[0].outcomes
+    assert outcome.first_trigger is None
+
+
+# (shape, period s, amplitude W, power limit W, sample interval s): the swing starts at a random
+# phase, and no period is a multiple of half the interval (a sampler in step with the swing sees
+# a constant: no telemetry can show that).
+SWINGS = [
+    ("sine", 120, 260, 700, 10), ("square", 60, 150, 1000, 10), ("sawtooth", 180, 150, 1000, 10),
+    ("random", 40, 150, 1000, 10), ("sine", 10, 150, 1000, 4), ("square", 250, 150, 400, 10),
+    ("sine", 300, 200, 1000, 10), ("random", 25, 150, 1000, 60), ("sawtooth", 90, 200, 700, 30),
+    ("square", 13, 150, 1000, 10),
+]
+
+
+@pytest.mark.parametrize("number, swing", list(enumerate(SWINGS)), ids=["/".join(map(str, c)) for c in SWINGS])
+def test_a_gpu_swinging_wider_than_its_peers_is_caught_five_minutes_ahead(number, swing):
+    """35 minutes of swinging, then off the bus; the onset moves so that checkpoint pauses fall
+    at other points of the swing. No other GPU of the node triggers."""
+    shape, period, amplitude, limit, interval = swing
+    onset = 12 + 4 * number
+    node = Node(seed=500 + number, limit_w=limit)
+    fault = PowerSwing(shape, period, amplitude, center=0.85, onset=onset, off_bus=onset + 35)
+    trace = score_trace("swing", node.run(minutes=onset + 36, step_s=interval, fault=fault), RiskModel())
+    result = evaluate([trace], [RiskConfig().risk_threshold])[0]
+    (outcome,) = result.outcomes
+    assert outcome.lead_s is not None and outcome.lead_s >= MIN_LEAD_S, outcome
+    assert result.false_triggers == 0
+
+
+def fleet_false_triggers(nodes: int, days: float, **fleet) -> tuple[int, float]:
+    traces = [score_trace(name, samples, RiskModel()) for name, samples in healthy_fleet(nodes, days, **fleet)]
     result = evaluate(traces, [RiskConfig().risk_threshold])[0]
     assert not result.outcomes  # nothing failed: every GPU counts as healthy time
     return result.false_triggers, result.healthy_gpu_days
 
 
-def test_a_day_of_a_healthy_node_never_triggers():
-    false, gpu_days = fleet_false_triggers(nodes=1, days=1.0)
+@pytest.mark.parametrize("limit_w", [400.0, 700.0, 1000.0])
+def test_a_day_of_a_healthy_node_never_triggers(limit_w):
+    """Checkpoint pauses and job-wide power brakes drop every GPU's power together, on any part."""
+    false, gpu_days = fleet_false_triggers(nodes=1, days=1.0, limit_w=limit_w)
     assert gpu_days == pytest.approx(8 * (1.0 - 60 / DAY_S), rel=1e-3) and false == 0
+
+
+def test_hours_of_a_healthy_node_sampled_every_ten_seconds_never_trigger():
+    false, gpu_days = fleet_false_triggers(nodes=1, days=0.25, step_s=10, seed=200)
+    assert gpu_days > 1.9 and false == 0
 
 
 @pytest.mark.slow

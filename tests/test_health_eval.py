@@ -28,6 +28,7 @@ T0 = 1714564800.0
 CORPUS_FAILURES = {  # trace -> the GPU that fails in it
     "thermal_runaway": 5, "ecc_fall_off_bus": 6, "power_oscillation": 2, "ecc_nvidia_smi": 3,
     "falling_clocks": 1, "memory_leak_oom": 7, "sudden_fall_off": 0, "steady_overheat": 3, "power_delivery": 4,
+    "power_instability": 3,
 }
 
 

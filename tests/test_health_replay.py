@@ -24,6 +24,7 @@ FAILING = {  # trace -> the GPU that fails in it
     "ecc_nvidia_smi.csv": 3,
     "steady_overheat.csv": 3,
     "power_delivery.csv": 4,
+    "power_instability.csv": 3,
 }
 # make_more_traces.py's traces (and labels), which the risk model is not expected to
 # foresee: test_health_eval.py measures them.
@@ -67,7 +68,7 @@ def failure_row(path):
 def test_traces_are_small_and_reproducible(tmp_path):
     for path in DATA.glob("*.csv"):
         assert path.stat().st_size < 150_000, path
-    assert sum(p.stat().st_size for p in DATA.glob("*.csv")) < 650_000
+    assert sum(p.stat().st_size for p in DATA.glob("*.csv")) < 800_000
     committed = {p.name: p.read_bytes() for p in DATA.glob("*.csv*")}
     assert set(FAILING) | {"healthy.csv"} | EVAL_ONLY == set(committed)
     subprocess.run(

@@ -39,8 +39,12 @@ class RiskConfig:
         120.0, "seconds an emergency checkpoint takes: a GPU due at a limit within this plus 5 minutes triggers"
     )
     risk_sustain_seconds: float = knob(
-        300.0, "a factor that compares a GPU with its busy peers (clocks, power, utilization drop) and stays "
-        "at 0.75 or more this long counts at weight 1: that strong, that long, is not noise (0: never)"
+        300.0, "a factor that compares a GPU with its busy peers (clocks, power, power instability, utilization "
+        "drop) and stays at 0.75 or more this long counts at weight 1: that strong, that long, is not noise (0: never)"
+    )
+    risk_power_window: float = knob(
+        300.0, "seconds of each GPU's power, against its peers', over which its power instability is measured "
+        "(at least 20 samples, at most 600)"
     )
     # Each weight is the probability the factor alone gives at full strength (noisy-OR).
     risk_weight_temperature: float = knob(1.0, "weight of the temperature factor (distance to slowdown/shutdown)")
@@ -50,6 +54,9 @@ class RiskConfig:
     risk_weight_errors: float = knob(0.9, "weight of the errors factor (ECC rate, HW slowdown beyond the peers)")
     risk_weight_clocks: float = knob(0.6, "weight of the clocks-below-busy-peers factor")
     risk_weight_power: float = knob(0.5, "weight of the power-fluctuation factor")
+    risk_weight_power_instability: float = knob(
+        0.5, "weight of the power-instability factor (power spread wider than the peers' over the power window)"
+    )
     risk_weight_utilization_drop: float = knob(0.5, "weight of the utilization-drop-while-peers-are-busy factor")
     risk_weight_peer_temp: float = knob(0.5, "weight of the hotter-than-usual-against-its-peers factor")
     risk_weight_memory: float = knob(0.3, "weight of the memory-headroom factor (the last 2 percent)")
@@ -66,6 +73,8 @@ class RiskConfig:
             )
         if not self.risk_sustain_seconds >= 0:
             raise ConfigError(f"{flag_name('risk_sustain_seconds')}: expected seconds >= 0, got {self.risk_sustain_seconds}")
+        if not 30 <= self.risk_power_window <= 3600:
+            raise ConfigError(f"{flag_name('risk_power_window')}: expected seconds in [30, 3600], got {self.risk_power_window}")
         if not self.risk_checkpoint_time >= 0:
             raise ConfigError(f"{flag_name('risk_checkpoint_time')}: expected seconds >= 0, got {self.risk_checkpoint_time}")
         weights = self.weights()

@@ -21,12 +21,13 @@ import statistics
 
 from elasticft.config import RiskConfig
 from elasticft.health.history import TREND_MIN_SPAN_S, TREND_S, GpuHistory, Signals
+from elasticft.health.instability import instability_factor
 from elasticft.health.sample import GpuSample
 from elasticft.health.trend import minutes_to
 
 FACTORS = (
-    "temperature", "time_to_limit", "errors", "clocks", "power", "utilization_drop", "peer_temp",
-    "memory", "straggler",
+    "temperature", "time_to_limit", "errors", "clocks", "power", "power_instability", "utilization_drop",
+    "peer_temp", "memory", "straggler",
 )
 
 SHUTDOWN_ABOVE_SLOWDOWN = 5.0  # C: the shutdown threshold where only the slowdown one is known
@@ -93,6 +94,8 @@ def compute(
     if s.power_w is not None:
         peer_swing = peer_median(p.swing for p in peers) or 0.0
         f["power"] = 0.0 if own.swing is None else ramp(own.swing - peer_swing, POWER_CV_START, POWER_CV_SPAN)
+        if peers:
+            f["power_instability"] = instability_factor(own.power_spread, (p.power_spread for p in peers))
     peer_util = peer_median(p.utilization for p in peers)
     if own.utilization is not None and peer_util is not None:
         f["utilization_drop"] = ramp(peer_util - own.utilization, UTIL_DROP_START, UTIL_DROP_SPAN) if busy_peers else 0.0

@@ -12,6 +12,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+from elasticft.health.instability import PowerWindow
 from elasticft.health.sample import GpuSample
 from elasticft.health.trend import slope_per_minute
 
@@ -38,6 +39,7 @@ class Signals:
     temp_slope: float | None  # C/minute over TREND_S
     mem_slope: float | None  # MiB/minute over TREND_S
     swing: float | None  # std of recent power / limit
+    power_spread: float | None  # interquartile range of the power deviations from the peers, over the window
     utilization: float | None  # mean recent %
     clock: float | None  # mean recent SM MHz
     hw_fraction: float | None  # fraction of recent samples in HW slowdown
@@ -46,6 +48,7 @@ class Signals:
 @dataclass
 class GpuHistory:
     window: int
+    power_window_s: float = 300.0  # seconds of power deviations kept (instability.py)
     temps: deque = field(init=False)  # (timestamp, C), the baseline window
     mems: deque = field(init=False)  # (timestamp, MiB used), the baseline window
     offsets: deque = field(init=False)  # C above the peers' median: how hot this GPU usually runs
@@ -54,6 +57,7 @@ class GpuHistory:
     clocks: deque = field(init=False)  # SM MHz, recent
     hw_slowdown: deque = field(init=False)  # bool, recent
     corrected: deque = field(init=False)  # (timestamp, count), the baseline window
+    power_deviations: PowerWindow = field(init=False)  # fed by the model, which knows the peers
     last_uncorrected: int | None = None
     armed: bool = True  # the next time the score reaches the threshold is a crossing
     strong_since: dict = field(default_factory=dict)  # factor -> timestamp it last rose to a sustained level
@@ -67,6 +71,7 @@ class GpuHistory:
         self.clocks = deque(maxlen=RECENT)
         self.hw_slowdown = deque(maxlen=RECENT)
         self.corrected = deque(maxlen=self.window)
+        self.power_deviations = PowerWindow(self.power_window_s)
 
     def add(self, s: GpuSample) -> str | None:
         """Remember ``s``; return the critical event it carries, if any."""
@@ -104,6 +109,7 @@ class GpuHistory:
             temp_slope=_trend(self.temps) if s.temperature_c is not None else None,
             mem_slope=_trend(self.mems) if s.memory_used_mib is not None else None,
             swing=self._power_swing() if s.power_w is not None else None,
+            power_spread=self.power_deviations.spread() if s.power_w is not None else None,
             utilization=statistics.fmean(self.utils) if self.utils and s.utilization_pct is not None else None,
             clock=statistics.fmean(self.clocks) if self.clocks and s.sm_clock_mhz is not None else None,
             # Over RECENT samples even before there are that many: one sample in HW

@@ -12,12 +12,14 @@ it alone, at full strength, means the GPU is failing, and
 so one strong symptom can trigger by itself (a GPU at its shutdown temperature, or
 minutes from it at its current rate), weak ones add up (two factors at 0.5 give 0.75),
 and a factor without data contributes nothing instead of diluting the others. A factor
-that compares a GPU with its busy peers (``SUSTAINED_FACTORS``: clocks, power swing,
-utilization drop) and stays strong (``SUSTAINED_LEVEL``) for ``--eft-risk-sustain-seconds``
+that compares a GPU with its busy peers (``SUSTAINED_FACTORS``: clocks, power swing, power
+instability, utilization drop) and stays strong (``SUSTAINED_LEVEL``) for ``--eft-risk-sustain-seconds``
 counts at weight 1 from then on: one GPU of a synchronous job cannot run that differently
 from its peers for minutes and be healthy (a failing power delivery swings its power and
 stalls it for many minutes before the GPU falls off the bus, and the two weights of 0.5
-cap such a pair at 0.75, under the threshold however long it lasts). A
+cap such a pair at 0.75, under the threshold however long it lasts). The power swing
+over five samples and over the power window (instability.py) are one symptom: the score
+counts the stronger (``ONE_SYMPTOM``). A
 critical event — a new uncorrected ECC error, a pending row remap, a critical Xid —
 sets the score to 1.0. Each factor's contribution (weight * factor) is kept in the
 score, so ``eft top`` and the events can say why a GPU is risky.
@@ -34,13 +36,18 @@ from elasticft.config import RiskConfig
 from elasticft.health import factors as factor_rules
 from elasticft.health.factors import FACTORS, peer_median
 from elasticft.health.history import CRITICAL_XIDS, GpuHistory
+from elasticft.health.instability import power_deviations
 from elasticft.health.sample import GpuSample
 
 __all__ = ["CRITICAL_XIDS", "FACTORS", "REARM_FRACTION", "RiskModel", "RiskScore", "crossing"]
 
 # Peer-relative factors whose strength, held for --eft-risk-sustain-seconds, counts at weight 1.
-SUSTAINED_FACTORS = ("clocks", "power", "utilization_drop")
+SUSTAINED_FACTORS = ("clocks", "power", "power_instability", "utilization_drop")
 SUSTAINED_LEVEL = 0.75
+# Factors that see one symptom over different spans: the power swing over the last five samples
+# and over the power window. The score counts the stronger of them once, so that one swing does
+# not add up with itself as if it were two symptoms.
+ONE_SYMPTOM = (("power", "power_instability"),)
 
 # After a crossing a GPU re-arms only once its score falls below this fraction of the
 # threshold, so that a score hovering around the threshold is one crossing, not many.
@@ -81,6 +88,16 @@ class RiskScore:
             "triggered": self.triggered,
             "critical": self.critical,
         }
+
+
+def symptoms(contributions: dict[str, float]) -> list[float]:
+    """The contributions the score combines: each group of ONE_SYMPTOM as its strongest member."""
+    merged = dict(contributions)
+    for group in ONE_SYMPTOM:
+        present = [merged.pop(name) for name in group if name in merged]
+        if present:
+            merged[group[0]] = max(present)
+    return list(merged.values())
 
 
 def noisy_or(contributions) -> float:
@@ -145,11 +162,16 @@ class RiskModel:
         for s in samples:
             history = self.history.get(s.key)
             if history is None:
-                history = self.history[s.key] = GpuHistory(self.config.risk_window)
+                history = self.history[s.key] = GpuHistory(self.config.risk_window, self.config.risk_power_window)
             critical[s.key] = history.add(s)
         by_node: dict[str, list[GpuSample]] = {}
         for s in samples:
             by_node.setdefault(s.node, []).append(s)
+        for node_round in by_node.values():
+            deviations = power_deviations(node_round)
+            for s in node_round:
+                if s.key in deviations:
+                    self.history[s.key].power_deviations.add(s.timestamp, deviations[s.key])
         signals = {s.key: self.history[s.key].signals(s) for s in samples}
         scores = []
         for s in samples:
@@ -183,7 +205,7 @@ class RiskModel:
             k: (1.0 if k in sustained else self.weights[k]) * v
             for k, v in factors.items() if v is not None and v > 0 and self.weights[k] > 0
         }
-        score = 1.0 if critical else noisy_or(contributions.values())
+        score = 1.0 if critical else noisy_or(symptoms(contributions))
         dominant = "errors" if critical else (max(contributions, key=contributions.get) if contributions else None)
         history = self.history[s.key]
         triggered, crossed, history.armed = crossing(score, self.threshold, history.armed)

@@ -84,15 +84,15 @@ class Brakes:
     def __call__(self, node: Node, gpu, minute: float, s: GpuSample):
         if node.paused(minute) or not any(a <= minute < b for a, b in self.episodes):
             return s, 0.0
-        power = node.rng.gauss(0.55 * LIMIT_W, 0.02 * LIMIT_W)
+        power = node.rng.gauss(0.55 * node.limit_w, 0.02 * node.limit_w)
         return replace(s, power_w=round(power, 1), sm_clock_mhz=1100.0, throttle_reasons=HW_SLOWDOWN | HW_POWER_BRAKE), 0.0
 
 
-def healthy_fleet(nodes: int, days: float, seed: int = 100):
-    """(name, samples) per node: ``nodes`` x 8 healthy GPUs for ``days``, one sample a minute."""
+def healthy_fleet(nodes: int, days: float, seed: int = 100, limit_w: float = LIMIT_W, step_s: float = 60):
+    """(name, samples) per node: ``nodes`` x 8 healthy GPUs of ``limit_w`` for ``days``, one sample every ``step_s``."""
     for i in range(nodes):
-        node = Node(seed=seed + i, hot_gpu=i % 8, name=f"fleet-{i}", days=days)
-        yield f"fleet-{i}", node.run(minutes=days * 1440, step_s=60, fault=Brakes(node.rng, days))
+        node = Node(seed=seed + i, hot_gpu=i % 8, name=f"fleet-{i}", days=days, limit_w=limit_w)
+        yield f"fleet-{i}", node.run(minutes=days * 1440, step_s=step_s, fault=Brakes(node.rng, days))
 
 
 def main(out: Path, nodes: int = 4, days: float = 4.0) -> None:

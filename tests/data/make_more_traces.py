@@ -20,6 +20,13 @@ Failures:
   its utilization sinks from ~98 % toward ~55 % as it stalls, with no throttle reason
   reported and full clocks while it runs; its temperature barely moves (it runs cooler on
   the lower average power). At minute 45 it falls off the bus (the failure row, then nothing).
+- power_instability.csv (48 minutes, one sample every 10 s, eft's default interval; fewer
+  columns): GPU 3's power delivery goes unstable (issue 45): from minute 10 its power swings
+  +-260 W around 620 W (its peers draw ~595 W steadily on a 700 W part) in a sine of 2-minute
+  period, its utilization dips to 0-40 % on about one sample in seven and it runs a few
+  degrees warmer; no throttle reason, full clocks. The checkpoint pause at minute ~34 idles it
+  like the others. At minute 45 it falls off the bus (the failure row, then nothing). ``PowerSwing`` makes the same fault in other shapes, periods, amplitudes and
+  power limits for the acceptance tests.
 - sudden_fall_off.csv: GPU 0 is normal until minute 40 and then absent, without a
   row of missing metrics and with no warning at all. sudden_fall_off.csv.labels.json
   marks the failure so that the evaluation counts it — as not caught: nothing in
@@ -112,6 +119,50 @@ def power_delivery(node: Node, gpu, minute: float, s):
     return replace(s, power_w=round(power, 1), utilization_pct=round(util), throttle_reasons=0), 0.0
 
 
+class PowerSwing:
+    """A GPU whose power swings ``amplitude_w`` around ``center`` (a fraction of its limit)
+    in ``shape`` (sine, square, sawtooth, random: a new level every half period) with
+    ``period_s``, from minute ``onset`` until it falls off the bus at ``off_bus``."""
+
+    SHAPES = ("sine", "square", "sawtooth", "random")
+
+    def __init__(self, shape: str = "sine", period_s: float = 120.0, amplitude_w: float = 260.0,
+                 center: float = 620.0 / 700.0, gpu: int = 3, onset: float = 10.0, off_bus: float = 45.0,
+                 stalls: float = 0.15):
+        assert shape in self.SHAPES, shape
+        self.shape, self.period_s, self.amplitude_w, self.center = shape, period_s, amplitude_w, center
+        self.gpu, self.onset, self.off_bus, self.stalls = gpu, onset, off_bus, stalls
+        self.level, self.level_half = 0.0, None
+        self.start_phase = None  # drawn at the onset: a swing is not in step with the sampler
+
+    def wave(self, node: Node, t: float) -> float:
+        """The swing at ``t`` seconds after the onset, in [-1, 1]."""
+        if self.start_phase is None:
+            self.start_phase = node.rng.random()
+        phase = (t / self.period_s + self.start_phase) % 1.0
+        if self.shape == "sine":
+            return math.sin(2 * math.pi * phase)
+        if self.shape == "square":
+            return 1.0 if phase < 0.5 else -1.0
+        if self.shape == "sawtooth":
+            return 2.0 * phase - 1.0
+        half = int(2 * t / self.period_s)
+        if half != self.level_half:
+            self.level, self.level_half = node.rng.uniform(-1.0, 1.0), half
+        return self.level
+
+    def __call__(self, node: Node, gpu, minute: float, s):
+        unshaped = outside_the_fault(node, gpu, minute, s, self.gpu, self.onset, self.off_bus)
+        if unshaped is not None:
+            return unshaped
+        swing = self.amplitude_w * self.wave(node, (minute - self.onset) * 60.0)
+        power = max(0.0, self.center * node.limit_w + swing + node.rng.gauss(0, 0.02 * node.limit_w))
+        stalled = node.rng.random() < self.stalls  # the dips: it stalls while its peers compute
+        util = node.rng.uniform(0, 40) if stalled else s.utilization_pct
+        warmer = 3.0 * min(1.0, (minute - self.onset) / 10.0)
+        return replace(s, power_w=round(power, 1), utilization_pct=round(util), throttle_reasons=0), warmer
+
+
 def sudden_fall_off(node: Node, gpu, minute: float, s):
     if gpu.index == 0 and minute >= 40.0:
         gpu.lost = True
@@ -145,6 +196,11 @@ def main(out: Path) -> None:
     node = Node(seed=10)
     samples = node.run(minutes=MINUTES, step_s=STEP_S, fault=power_delivery)
     write_trace(out / "power_delivery.csv", samples, COLUMNS, [COMMENT, "GPU 4: power swings, stalls, off the bus"])
+
+    node = Node(seed=11)
+    samples = node.run(minutes=48, step_s=10, fault=PowerSwing())
+    columns = [c for c in COLUMNS if c not in ("ecc_uncorrected", "rows_pending", "mem_clock_mhz")]  # 150 kB a file
+    write_trace(out / "power_instability.csv", samples, columns, [COMMENT, "GPU 3: power swings +-260 W, off the bus"])
 
     node = Node(seed=8)
     samples = node.run(minutes=MINUTES, step_s=STEP_S, fault=sudden_fall_off)

@@ -77,9 +77,13 @@ def uuid_of(rng: random.Random) -> str:
 class Node:
     """Simulates one node; ``fault(gpu, minute, sample)`` lets a trace break one GPU."""
 
-    def __init__(self, seed: int, gpus: int = 8, hot_gpu: int | None = None, name: str = "node-a", days: float = 1.0):
+    def __init__(
+        self, seed: int, gpus: int = 8, hot_gpu: int | None = None, name: str = "node-a", days: float = 1.0,
+        limit_w: float = LIMIT_W,
+    ):
         self.rng = random.Random(seed)
         self.name = name
+        self.limit_w = limit_w  # the board's power limit: loads and the heat they make scale with it
         self.gpus = []
         for i in range(gpus):
             offset = self.rng.uniform(-3.0, 3.0) + (9.0 if i == hot_gpu else 0.0)
@@ -103,12 +107,12 @@ class Node:
     def target_temp(self, gpu: Gpu, minute: float, power: float) -> float:
         room = 24.0 + 1.5 * math.sin(2 * math.pi * minute / 150.0)
         wobble = 1.5 * math.sin(2 * math.pi * minute / gpu.wobble_period + gpu.wobble_phase)
-        return room + 5.0 + gpu.offset + wobble + 48.0 * power / LIMIT_W
+        return room + 5.0 + gpu.offset + wobble + 48.0 * power / self.limit_w
 
     def run(self, minutes: float, step_s: float, fault=None) -> list[GpuSample]:
         rng, out = self.rng, []
         for gpu in self.gpus:
-            gpu.temp = self.target_temp(gpu, 0.0, 0.85 * LIMIT_W)
+            gpu.temp = self.target_temp(gpu, 0.0, 0.85 * self.limit_w)
         for n in range(int(minutes * 60 / step_s)):
             t = n * step_s
             minute = t / 60.0
@@ -119,15 +123,15 @@ class Node:
                 if pause:
                     power, util, reasons = rng.gauss(115, 8), rng.uniform(0, 6), IDLE
                 else:
-                    power = min(LIMIT_W, rng.gauss(0.85 * LIMIT_W, 0.025 * LIMIT_W))
+                    power = min(self.limit_w, rng.gauss(0.85 * self.limit_w, 0.025 * self.limit_w))
                     util = min(100.0, rng.gauss(97.5, 1.5))
-                    reasons = SW_POWER_CAP if power > 0.9 * LIMIT_W else 0
+                    reasons = SW_POWER_CAP if power > 0.9 * self.limit_w else 0
                 if rng.random() < 0.0007:  # a stray single-bit error, as healthy HBM has
                     gpu.corrected += 1
                 sample = GpuSample(
                     timestamp=START + t, node=self.name, gpu=gpu.index, uuid=self.uuids[gpu.index],
                     temperature_c=0.0, memory_used_mib=round(gpu.memory_mib + rng.gauss(0, 40)),
-                    memory_total_mib=TOTAL_MIB, power_w=round(power, 1), power_limit_w=LIMIT_W,
+                    memory_total_mib=TOTAL_MIB, power_w=round(power, 1), power_limit_w=self.limit_w,
                     utilization_pct=round(max(0.0, util)), ecc_corrected=gpu.corrected,
                     ecc_uncorrected=gpu.uncorrected, rows_pending=False, throttle_reasons=reasons,
                     sm_clock_mhz=345.0 if pause else 1980.0, mem_clock_mhz=2619.0,
