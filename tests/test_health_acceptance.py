@@ -111,6 +111,14 @@ def test_hours_of_a_healthy_node_sampled_every_ten_seconds_never_trigger():
     assert gpu_days > 1.9 and false == 0
 
 
+def test_a_job_start_with_sparse_samples_is_no_trend():
+    """At one sample a minute, a GPU warming up faster than its peers in a job's first minutes
+    fitted a trend through three points and looked minutes from its shutdown temperature
+    (fleet-1 GPU 1 of this fleet, at minute 2); a trend needs TREND_MIN_POINTS."""
+    false, gpu_days = fleet_false_triggers(nodes=2, days=2.0, seed=100)
+    assert gpu_days > 30 and false == 0
+
+
 @pytest.mark.slow
 def test_at_most_one_false_trigger_per_hundred_gpu_days():
     false, gpu_days = fleet_false_triggers(nodes=4, days=4.0)

@@ -29,6 +29,9 @@ RECENT = 5
 # short enough to follow a GPU that started heating a few minutes ago.
 TREND_S = 600.0
 TREND_MIN_SPAN_S = 120.0  # a trend over less than two minutes is noise
+# ... and so is one through fewer points: at one sample a minute, three points two minutes apart
+# made a healthy GPU warming up at a job's start look minutes from its shutdown temperature
+TREND_MIN_POINTS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,10 +140,10 @@ class GpuHistory:
 
 def _trend(points: deque) -> float | None:
     """Slope per minute of the points in the last TREND_S seconds; None over a short span."""
-    if len(points) < 3:
+    if len(points) < TREND_MIN_POINTS:
         return None
     end = points[-1][0]
     recent = [p for p in points if p[0] >= end - TREND_S]
-    if len(recent) < 3 or end - recent[0][0] < TREND_MIN_SPAN_S:
+    if len(recent) < TREND_MIN_POINTS or end - recent[0][0] < TREND_MIN_SPAN_S:
         return None
     return slope_per_minute(recent)
