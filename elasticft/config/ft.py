@@ -54,7 +54,7 @@ class FTConfig:
     log_level: str = knob("INFO", "level of eft's own log lines on stderr (DEBUG, INFO, WARNING, ERROR)")
     runs_dir: str = knob(
         "", "where eft-run notes the run it is in (etcd, run id), so that `eft top`, `eft status` and "
-        "`eft ckpt` on this host find it without flags (default: $TMPDIR/eft-runs-<uid>)"
+        "`eft ckpt` on this host find it without flags (default: /tmp/eft-runs-<uid>)"
     )
     events_file: str = knob(
         "", "at the job's end, write the run's whole event log here as JSON lines, for "

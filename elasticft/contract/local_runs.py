@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,7 +23,9 @@ RUNS_DIR_VARIABLE = "EFT_RUNS_DIR"  # eft-run's --eft-runs-dir and the commands'
 
 
 def default_runs_dir() -> Path:
-    return Path(tempfile.gettempdir()) / f"eft-runs-{os.getuid()}"
+    """/tmp, not $TMPDIR: SLURM and job containers often give each job a TMPDIR of its own, and a
+    person who logs in to the node to look at the job has another."""
+    return Path("/tmp") / f"eft-runs-{os.getuid()}"
 
 
 def process_start(pid: int) -> int | None:
