@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from dataclasses import asdict, dataclass, field
 
 # Interpreter options a warm interpreter can be started with, as a cold start would be: they
@@ -82,8 +83,6 @@ def changed_variables(started: dict[str, str], given: dict[str, str], per_rank: 
 
 def ignored_signals() -> list[int]:
     """The signals this process ignores now (what a child it starts inherits as ignored)."""
-    import signal
-
     found = []
     for sig in signal.valid_signals():
         try:

@@ -42,7 +42,7 @@ class Signals:
     temp_slope: float | None  # C/minute over TREND_S
     mem_slope: float | None  # MiB/minute over TREND_S
     swing: float | None  # std of recent power / limit
-    power_spread: float | None  # interquartile range of the power deviations from the peers, over the window
+    power_spread: float | None  # trimmed std of the power deviations from the peers, over the window (instability.py)
     utilization: float | None  # mean recent %
     clock: float | None  # mean recent SM MHz
     hw_fraction: float | None  # fraction of recent samples in HW slowdown

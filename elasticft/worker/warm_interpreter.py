@@ -211,15 +211,7 @@ _PYTHONS_OWN = {getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasa
 
 
 def _run_cold(handoff: Handoff) -> None:
-    # What torch's Popen would leave: the agent's ignored signals now, SIGPIPE and SIGXFSZ at their
-    # default (restore_signals=True), every other one at its default (exec resets handlers, not ignores)
-    for sig in signal.valid_signals():
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
-            continue
-        try:
-            signal.signal(sig, signal.SIG_IGN if sig in handoff.ignored and sig not in _PYTHONS_OWN else signal.SIG_DFL)
-        except (OSError, ValueError):
-            continue
+    _signals_of_a_cold_start(handoff.ignored, before_exec=True)
     # The same pid goes on, and the kernel dates it at this interpreter's start, before the failure:
     # the worker's heartbeats date its start at the handoff instead (progress.process_started_at).
     env = {**handoff.env, WorkerEnv.BECAME_WORKER: f"{os.getpid()}:{handoff.sent_at!r}"}
@@ -250,17 +242,22 @@ def own_changes(given: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     return {k: v for k, v in now.items() if given.get(k) != v}, [k for k in given if k not in now]
 
 
-def _signals_of_a_cold_start(ignored: list[int]) -> None:
-    """Ignore what a cold worker would inherit as ignored, and no more: this interpreter
-    inherited the agent's ignored signals of its own start (an agent started by a batch shell's
-    ``&`` ignores SIGINT until torch installs its handlers)."""
+def _signals_of_a_cold_start(ignored: list[int], before_exec: bool) -> None:
+    """The signal dispositions torch's Popen would give a worker now: ignored what the agent
+    ignores at the handoff (``ignored``), and no more. This interpreter inherited the agent's
+    ignored signals of its own, earlier start (an agent started by a batch shell's ``&`` ignores
+    SIGINT until torch installs its handlers). ``before_exec``: every other signal at its default
+    (exec resets handlers, not ignores; SIGPIPE and SIGXFSZ too, as ``restore_signals=True``
+    does); else, in this running interpreter, as Python sets up a signal it did not inherit ignored."""
     for sig in signal.valid_signals():
-        if sig in _PYTHONS_OWN or sig in (signal.SIGKILL, signal.SIGSTOP):
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
             continue
         try:
-            if sig in ignored:
+            if sig in ignored and sig not in _PYTHONS_OWN:
                 signal.signal(sig, signal.SIG_IGN)
-            elif signal.getsignal(sig) == signal.SIG_IGN:  # as Python sets it up for a signal not ignored
+            elif before_exec:
+                signal.signal(sig, signal.SIG_DFL)
+            elif sig not in _PYTHONS_OWN and signal.getsignal(sig) == signal.SIG_IGN:
                 signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         except (OSError, ValueError):
             continue
@@ -270,7 +267,7 @@ def _run_warm(handoff: Handoff, changes: tuple[dict[str, str], list[str]]) -> No
     from elasticft.worker.progress import became_worker_at
 
     became_worker_at(handoff.sent_at)  # the worker's start, as the heartbeats tell it
-    _signals_of_a_cold_start(handoff.ignored)
+    _signals_of_a_cold_start(handoff.ignored, before_exec=False)
     command = parse_python_command(handoff.program, handoff.args)
     set_here, removed_here = changes
     os.environ.clear()
