@@ -292,9 +292,10 @@ def test_local_addr_is_the_bootstrap_address_of_rank0(run):
 @SLOW_ON_C10D
 def test_a_late_node_is_counted_waiting_and_joins_the_next_round(run, monkeypatch):
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # membership only: see TORCH_LATE_BOOTSTRAP
-    members = run.handlers(2, 2, 3)
+    # the late node polls once a second (c10d): a last call shorter than that may close round 1 without it
+    members = run.handlers(2, 2, 3, last_call_timeout="3")
     join_all(members)
-    late = in_thread(run.handler(2, 3).next_rendezvous)
+    late = in_thread(run.handler(2, 3, last_call_timeout="3").next_rendezvous)
     wait_for(lambda: [m.num_nodes_waiting() for m in members] == [1, 1], 15, "members to count the late node")
     assert_one_world(join_all(members) + [late.result(timeout=30)], 3)
 
@@ -311,9 +312,11 @@ def test_a_node_beyond_max_is_redundant_and_not_counted_waiting(run):
 @SLOW_ON_C10D
 def test_a_redundant_node_joins_once_a_member_is_gone(run, monkeypatch):
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # membership only: see TORCH_LATE_BOOTSTRAP
-    members = run.handlers(2, 1, 2)
+    # at min 1 a short last call lets whichever joins round 1 first close it alone, and the other
+    # waits for a round that never comes (c10d, a loaded machine); at max the round closes at once
+    members = run.handlers(2, 1, 2, last_call_timeout="10")
     join_all(members)
-    spare = in_thread(run.handler(1, 2).next_rendezvous)
+    spare = in_thread(run.handler(1, 2, last_call_timeout="10").next_rendezvous)
     wait_for(lambda: run.subject.probe.spare_registered(run.run_id, members[0]), 15, "the spare to register")
     run.subject.probe.lose(members[1])
     wait_for(lambda: members[0].num_nodes_waiting() > 0, 15, "the member to see the loss")
