@@ -137,6 +137,9 @@ def enable() -> None:
     _count_one_device()
     _describe_device()
     _allow_no_cuda()
+    import distrib_optimizer_on_cpu  # beside this file, as this file is beside the script
+
+    distrib_optimizer_on_cpu.apply()
     if not os.environ.get("EFT_RUN_DIR"):  # under eft-run, eft's own fix of the fault does it (and says so)
         _skip_helpers_compile_when_prebuilt()
     _ENABLED = True

@@ -40,11 +40,14 @@ SCRIPT = Path(__file__).with_name("pretrain_gpt.py")
 ITERS, LOSE_AT = 15, 12
 # One micro batch per global batch: no data parallelism, so the planner keeps TP2 x PP2 on 4 GPUs.
 LAYOUT = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--micro-batch-size", "4"]
+# What almost every production job runs: Megatron's distributed optimizer, its state saved so that
+# a re-plan may change TP and PP (else eft's re-plans keep them: planner/megatron_args.reshard_rule).
+DISTRIBUTED_OPTIMIZER = ["--use-distributed-optimizer", "--dist-ckpt-optim-fully-reshardable"]
 
 
-def script_args(ckpt: Path) -> list[str]:
+def script_args(ckpt: Path, *optimizer: str) -> list[str]:
     return [str(SCRIPT), *MODEL, *LAYOUT, "--train-iters", str(ITERS), "--save", str(ckpt), "--load", str(ckpt),
-            "--save-interval", "50"]
+            "--save-interval", "50", *optimizer]
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +65,16 @@ def reference(tmp_path_factory) -> dict[int, dict]:
     return read(out / "numbers.jsonl")
 
 
-def lose_a_node(out: Path, mem_ckpt_interval: int) -> tuple[int, str, int, dict[int, dict]]:
-    """Two nodes, node 1 lost after LOSE_AT: (resumed at, from where, re-done, numbers)."""
+def layouts(log: str) -> list[tuple[int, int]]:
+    """(TP, PP) of each generation, from Megatron's own dump of its arguments (rank 0's)."""
+    tp = re.findall(r"^\s*tensor_model_parallel_size \.+ (\d+)$", log, re.MULTILINE)
+    pp = re.findall(r"^\s*pipeline_model_parallel_size \.+ (\d+)$", log, re.MULTILINE)
+    return [(int(t), int(p)) for t, p in zip(tp, pp, strict=True)]
+
+
+def lose_a_node(out: Path, mem_ckpt_interval: int, *optimizer: str) -> tuple[int, str, int, dict[int, dict]]:
+    """Two nodes, node 1 lost after LOSE_AT: (resumed at, from where, re-done, numbers); the
+    survivor re-plans its two GPUs to another TP x PP, which Megatron's load reshards to."""
     out.mkdir()
     run_id = uuid.uuid4().hex[:12]
     env = {**ENV, "EFT_TEST_NUMBERS": str(out / "numbers.jsonl"), "EFT_TEST_SNAPSHOTS": str(out / "snapshots.jsonl"),
@@ -73,7 +84,7 @@ def lose_a_node(out: Path, mem_ckpt_interval: int) -> tuple[int, str, int, dict[
                            "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id,
                            "--eft-node-id", f"node{i}", "--max-restarts", "1", "--monitor-interval", "0.1",
                            "--eft-health-source", "none", "--eft-mem-ckpt-interval", str(mem_ckpt_interval),
-                           "--eft-inject", f"node_lost:1@{LOSE_AT}", *script_args(out / "ckpt")],
+                           "--eft-inject", f"node_lost:1@{LOSE_AT}", *script_args(out / "ckpt", *optimizer)],
                           out / f"node{i}.log", env=env) for i in range(2)]
         try:
             codes = [node.wait(300) for node in nodes]
@@ -89,6 +100,8 @@ def lose_a_node(out: Path, mem_ckpt_interval: int) -> tuple[int, str, int, dict[
     assert leftovers(out) == []  # the lost node's and the first generation's processes, helpers included
     (found,) = RESUMED.findall(logs[survivor])
     redone = int(found[2])
+    first, *_, last = layouts(logs[survivor])
+    assert first == (2, 2) and last[0] * last[1] == 2, layouts(logs[survivor])
     # eft report reads the same run from its event log: Megatron's steps, the lost node, the work re-done.
     assert report.returncode == 0, report.stderr
     summary = json.loads(report.stdout)
@@ -104,9 +117,12 @@ def snapshots_before_the_restart(out: Path, node: str) -> list[int]:
     return [s["iteration"] for s in snapshots(out / "snapshots.jsonl") if s["time"] < restarted and s["node"] == node]
 
 
-def test_a_lost_node_resumes_from_memory_at_the_new_layout(reference, tmp_path):
-    """(Without the tier, and no save yet, the job would start over: LOSE_AT iterations re-done.)"""
-    resumed, source, redone, numbers = lose_a_node(tmp_path / "memory", 1)
+@pytest.mark.parametrize("optimizer", [[], DISTRIBUTED_OPTIMIZER], ids=["adam", "distributed-optimizer"])
+def test_a_lost_node_resumes_from_memory_at_the_new_layout(reference, tmp_path, optimizer):
+    """(Without the tier, and no save yet, the job would start over: LOSE_AT iterations re-done.)
+    The reference ran torch's Adam: without data parallelism the distributed optimizer's step is
+    the same arithmetic, and its numbers must be the same too."""
+    resumed, source, redone, numbers = lose_a_node(tmp_path / "memory", 1, *optimizer)
     assert source == "memory" and resumed <= LOSE_AT and redone == LOSE_AT - resumed
     for node in ("0", "1"):  # every node's part of it, the lost node's from its replica
         assert_resumed_within_the_lag(resumed, snapshots_before_the_restart(tmp_path / "memory", node), node)
