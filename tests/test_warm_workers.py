@@ -233,16 +233,79 @@ def test_commands_a_warm_interpreter_cannot_take_are_named():
 
 
 def test_auto_preloads_the_opening_imports_of_installed_packages_only(tmp_path):
-    from elasticft.worker.warm_interpreter import auto_preload
+    from elasticft.worker.opening_imports import auto_preload
 
-    (tmp_path / "own_module.py").write_text("")
+    (tmp_path / "own_module.py").write_text("import decimal\n\ndef build():\n    return decimal.Decimal(1)\n")
     script = tmp_path / "train.py"
     script.write_text('"""doc"""\nfrom __future__ import annotations\nimport os, json\n'
                       "try:\n    import csv\nexcept ImportError:\n    csv = None\n"
-                      "from email import message\nimport own_module\nimport decimal\n")
-    assert auto_preload(str(script)) == ["os", "json", "csv", "email"]  # stops at the script's own module
+                      "from email import message\nimport own_module\nimport zipfile\nfrom . import sibling\nimport uuid\n")
+    # The script's own module is read, not run: its imports come where Python would import them.
+    assert auto_preload(str(script)) == [("os", False), ("json", False), ("csv", True), ("email", False),
+                                         ("decimal", False), ("zipfile", False)]
     script.write_text("import os\nos.environ['X'] = '1'  # may change what the next import does\nimport json\n")
-    assert auto_preload(str(script)) == ["os"]
+    assert auto_preload(str(script)) == [("os", False)]
+
+
+def test_an_optional_import_the_script_guards_may_be_missing_without_a_cold_start():
+    from elasticft.worker.warm_interpreter import preload
+
+    assert preload([("eft_no_such_module", True), ("json", False)]) is None  # its cold start would skip it too
+    assert preload([("eft_no_such_module", False)]).startswith("could not import eft_no_such_module:")
+
+
+# In the shape of NVIDIA's pretrain_gpt.py (core_v0.19.0): a timestamp before the heavy imports,
+# a model builder of its own beside it (importing megatron), more megatron, an optional import.
+NVIDIA_SHAPED = textwrap.dedent('''
+    """Pretrain a model."""
+
+    import time
+    _PROGRAM_START_TIME = time.time()
+
+    import json
+    import os
+    import sys
+    import warnings
+    from functools import partial
+
+    if int(os.environ.get("RANK", "0")) != 0:  # one rank shows library warnings
+        for _category in (UserWarning, FutureWarning):
+            warnings.filterwarnings("ignore", category=_category)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+    import torch
+
+    from builders import build
+    from megatron.core import parallel_state
+    try:
+        from megatron.post_training import arguments
+    except ImportError:
+        arguments = None
+
+    stimer = build()
+    import zipfile
+''')
+BUILDERS = "import megatron.core.models.gpt  # the model\nfrom megatron.training import get_args\n\n\ndef build():\n    return get_args\n"
+
+
+@pytest.mark.parametrize("before, stops", [
+    ("", False),
+    ("os.environ['CUDA_DEVICE_MAX_CONNECTIONS'] = '1'", True),  # read by an import
+    ("sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))", True),  # another folder
+    ("warnings.filterwarnings('error')", True),  # an import-time warning would fail the import
+    ("torch_setup()", True),  # a call eft does not know
+], ids=["as-is", "environ-write", "parent-on-path", "warnings-as-errors", "unknown-call"])
+def test_auto_reads_past_what_cannot_change_an_import_and_into_the_scripts_own_modules(tmp_path, before, stops):
+    from elasticft.worker.opening_imports import auto_preload
+
+    (tmp_path / "builders.py").write_text(BUILDERS)
+    script = tmp_path / "pretrain_gpt.py"
+    script.write_text(NVIDIA_SHAPED.replace("import torch\n", f"{before}\nimport torch\n"))
+    opening = ["time", "json", "os", "sys", "warnings", "functools"]
+    heavy = ["torch", "megatron.core.models.gpt", "megatron.training", "megatron.core", "megatron.post_training"]
+    preloaded = auto_preload(str(script))
+    assert [name for name, _ in preloaded] == opening + ([] if stops else heavy)
+    assert [name for name, optional in preloaded if optional] == ([] if stops else ["megatron.post_training"])
 
 
 def test_a_module_run_with_m_and_a_program_that_is_not_python(tmp_path, caplog):
@@ -296,3 +359,32 @@ def test_warm_interpreters_and_the_workers_they_became_die_with_a_killed_agent(t
     agent.wait()
     gone, alive = psutil.wait_procs(processes, timeout=30)
     assert not alive, f"outlived their agent: {alive}"
+
+
+@pytest.mark.slow
+def test_an_nvidia_shaped_script_restarts_warm_with_no_preload_flag(tmp_path):
+    """bench/restart_toy.py opens as NVIDIA's pretrain_gpt.py does (a timestamp, torch, a builder
+    of its own that imports megatron-core, more megatron-core): with --eft-warm-workers alone, the
+    restart after a SIGKILLed rank finds its imports done; eft report's imports phase of the
+    restart is under a tenth of the job's cold start's."""
+    from elasticft.contract.phases import RestartPhase
+    from elasticft.goodput.breakdown import breakdown
+
+    root = Path(__file__).resolve().parents[1]
+    events = tmp_path / "events.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "launcher.eft_run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+         "--monitor-interval", "0.1", "--eft-events-file", str(events), "--eft-warm-workers",
+         "--eft-inject", "rank_killed:1@5", str(root / "bench" / "restart_toy.py"), "12"],
+        cwd=root, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert len(re.findall(r"local rank \d: warm start in pid", done.stdout + done.stderr)) == 4
+    report = breakdown([json.loads(line) for line in events.read_text().splitlines() if line.strip()])
+    (failure,) = report.failures
+
+    def imports(spans) -> float:
+        return sum(span.seconds for span in spans if span.name == RestartPhase.IMPORTS)
+
+    cold, warm = imports(report.start_phases), imports(failure.phases)
+    print(f"imports: the job's start {cold:.2f} s, the warm restart {warm:.2f} s")
+    assert cold > 0 and warm < 0.1 * cold

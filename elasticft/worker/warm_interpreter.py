@@ -31,6 +31,7 @@ import types
 
 from elasticft.contract.run_dir import WorkerEnv
 from elasticft.contract.warm_start import Handoff, Spawn, changed_variables, parse_python_command, reply_line
+from elasticft.worker.opening_imports import auto_preload
 from elasticft.pdeathsig_exec import die_with
 
 MAX_HANDOFF = 1 << 22  # bytes of one handoff message (the environment dominates)
@@ -59,81 +60,27 @@ def entry_file(spawn: Spawn) -> str | None:
     return spec.origin if spec is not None and spec.origin and spec.origin.endswith(".py") else None
 
 
-def leading_imports(path: str) -> list[tuple[str, bool]]:
-    """The imports that open ``path``, up to its first statement of any other kind: (module,
-    absolute). A ``try`` of imports only (an optional dependency) counts as imports; the
-    module's docstring is skipped. What the script does after that first statement (enable an
-    emulation, change ``sys.path``, import its own modules) may change what an import does, so
-    nothing after it is preloaded."""
-    import ast
-
-    try:
-        with open(path, "rb") as f:
-            tree = ast.parse(f.read(), path)
-    except (OSError, SyntaxError, ValueError):
-        return []
-    body = list(tree.body)
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]
-    found: list[tuple[str, bool]] = []
-    for node in body:
-        if isinstance(node, ast.Try) and all(isinstance(n, (ast.Import, ast.ImportFrom)) for n in node.body):
-            nodes = node.body
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            nodes = [node]
-        else:
-            break
-        for statement in nodes:
-            if isinstance(statement, ast.Import):
-                found += [(alias.name, True) for alias in statement.names]
-            else:
-                found.append((statement.module or "", statement.level == 0 and bool(statement.module)))
-    return found
-
-
-def _beside(entry: str, name: str) -> bool:
-    """Whether ``name`` is a plain module next to the entry: the script's own code."""
-    import importlib.util
-
-    top = name.split(".")[0]
-    try:
-        spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return True  # unknown: leave it to the script
-    if spec is None or spec.origin is None:
-        return spec is None
-    folder = os.path.dirname(os.path.realpath(entry))
-    return spec.submodule_search_locations is None and os.path.dirname(os.path.realpath(spec.origin)) == folder
-
-
-def auto_preload(entry: str) -> list[str]:
-    """``--eft-preload auto``: the script's opening imports of installed packages, up to the first
-    import of its own code (a relative import, a plain module beside it) or other statement."""
-    modules = []
-    for name, absolute in leading_imports(entry):
-        if not absolute or _beside(entry, name):
-            break
-        if name != "__future__":
-            modules.append(name)
-    return modules
-
-
-def modules_to_preload(spawn: Spawn) -> list[str]:
-    modules = list(spawn.modules)
+def modules_to_preload(spawn: Spawn) -> list[tuple[str, bool]]:
+    """(module, optional): the names given, then ``auto``'s (``opening_imports``)."""
+    modules = [(name, False) for name in spawn.modules]
     entry = entry_file(spawn) if spawn.auto else None
     if entry is not None:
         modules += auto_preload(entry)
     return list(dict.fromkeys(modules))
 
 
-def preload(modules: list[str]) -> str | None:
-    """Import ``modules``; why not, for the first that fails (the rest are left alone)."""
+def preload(modules: list[tuple[str, bool]]) -> str | None:
+    """Import ``modules``; why not, for the first that fails (the rest are left alone). An
+    optional one (the script guards its import with ``except ImportError``) may be missing: its
+    cold start would not have it either."""
     import importlib
 
-    for name in modules:
+    for name, optional in modules:
         try:
             importlib.import_module(name)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure means a cold start
+            if optional and isinstance(exc, ImportError):
+                continue
             return f"could not import {name}: {type(exc).__name__}: {exc}".splitlines()[0]
     return None
 
