@@ -312,8 +312,7 @@ def test_a_node_beyond_max_is_redundant_and_not_counted_waiting(run):
 @SLOW_ON_C10D
 def test_a_redundant_node_joins_once_a_member_is_gone(run, monkeypatch):
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # membership only: see TORCH_LATE_BOOTSTRAP
-    # at min 1 a short last call lets whichever joins round 1 first close it alone, and the other
-    # waits for a round that never comes (c10d, a loaded machine); at max the round closes at once
+    # at min 1 a short last call lets the first in round 1 close it alone (c10d, loaded); max closes it at once
     members = run.handlers(2, 1, 2, last_call_timeout="10")
     join_all(members)
     spare = in_thread(run.handler(1, 2, last_call_timeout="10").next_rendezvous)
