@@ -294,7 +294,9 @@ BUILDERS = "import megatron.core.models.gpt  # the model\nfrom megatron.training
     ("sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..'))", True),  # another folder
     ("warnings.filterwarnings('error')", True),  # an import-time warning would fail the import
     ("torch_setup()", True),  # a call eft does not know
-], ids=["as-is", "environ-write", "parent-on-path", "warnings-as-errors", "unknown-call"])
+    ("class Config:\n    seed: int = 1\n    def name(self) -> str:\n        return setup()", False),
+    ("class Config:\n    seed = setup()  # a class body runs at its definition", True),
+], ids=["as-is", "environ-write", "parent-on-path", "warnings-as-errors", "unknown-call", "class", "class-calls"])
 def test_auto_reads_past_what_cannot_change_an_import_and_into_the_scripts_own_modules(tmp_path, before, stops):
     from elasticft.worker.opening_imports import auto_preload
 

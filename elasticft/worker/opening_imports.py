@@ -123,13 +123,16 @@ def harmless(node: ast.stmt, path: str) -> bool:
         return (not node.orelse and _pure(node.iter) and all(isinstance(n, (ast.Name, ast.Tuple, ast.Store))
                                                               for n in ast.walk(node.target))
                 and all(harmless(n, path) for n in node.body))
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        # Defining runs the decorators, defaults and base classes; not the body.
-        parts = [*node.decorator_list]
-        if isinstance(node, ast.ClassDef):
-            parts += [*node.bases, *(k.value for k in node.keywords)]
-        else:
-            parts += [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
+    if isinstance(node, ast.ClassDef):  # defining runs its decorators, bases and body
+        parts = [*node.decorator_list, *node.bases, *(k.value for k in node.keywords)]
+        return all(_pure(p) for p in parts) and all(harmless(n, path) for n in node.body)
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        # Defining runs the decorators, defaults and annotations; not the body.
+        arguments = node.args
+        every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]
+        parts = [*node.decorator_list, *arguments.defaults, *(d for d in arguments.kw_defaults if d is not None),
+                 *(a.annotation for a in every if a is not None and a.annotation is not None),
+                 *([node.returns] if node.returns is not None else [])]
         return all(_pure(p) for p in parts)
     return False
 
