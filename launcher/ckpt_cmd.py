@@ -17,9 +17,9 @@ from elasticft.agent.ckpt_protocol import CheckpointProtocol
 from elasticft.contract.keys import RunKeys
 from elasticft.memckpt.index import MemIndex, memory_summary
 from elasticft.rendezvous.membership import running_nodes
-from elasticft.store import StoreError, StoreOptions, connect
+from elasticft.store import StoreError
 from elasticft.tui.text import lag_text, memory_text
-from launcher.run_lookup import ENDPOINT, PREFIX, RUN_ID, RUNS_DIR, RunTarget, resolve
+from launcher.run_lookup import ENDPOINT, ETCD_TIMEOUT, PREFIX, RUN_ID, RUNS_DIR, RunTarget, connect_run, resolve
 
 ckpt_app = typer.Typer(help="Emergency checkpoints of a running job.", no_args_is_help=True)
 
@@ -30,21 +30,12 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def _connect(endpoint: str):
-    try:
-        return connect(StoreOptions(endpoint, timeout=5.0))
-    except ValueError as exc:
-        _fail(f"--endpoint: {exc}")
-    except StoreError as exc:
-        _fail(str(exc))
-
-
 def _target(endpoint: str | None, run_id: str | None, prefix: str | None, runs_dir: str) -> RunTarget:
     return resolve(_fail, endpoint, run_id, prefix, runs_dir)
 
 
-def _request(target: RunTarget, exit: bool) -> None:
-    protocol = CheckpointProtocol(_connect(target.endpoint), target.keys, source="eft-ckpt")
+def _request(target: RunTarget, exit: bool, etcd_timeout: float) -> None:
+    protocol = CheckpointProtocol(connect_run(_fail, target.endpoint, etcd_timeout), target.keys, source="eft-ckpt")
     try:
         request, created = protocol.request("manual", requester=f"eft ckpt ({_user()})", exit=exit)
     except StoreError as exc:
@@ -64,16 +55,16 @@ def _user() -> str:
 
 @ckpt_app.command()
 def save(endpoint: str | None = ENDPOINT, run_id: str | None = RUN_ID, key_prefix: str | None = PREFIX,
-         runs_dir: str = RUNS_DIR) -> None:
+         runs_dir: str = RUNS_DIR, etcd_timeout: float = ETCD_TIMEOUT) -> None:
     """Every rank saves the same iteration, then training goes on."""
-    _request(_target(endpoint, run_id, key_prefix, runs_dir), exit=False)
+    _request(_target(endpoint, run_id, key_prefix, runs_dir), exit=False, etcd_timeout=etcd_timeout)
 
 
 @ckpt_app.command()
 def stop(endpoint: str | None = ENDPOINT, run_id: str | None = RUN_ID, key_prefix: str | None = PREFIX,
-         runs_dir: str = RUNS_DIR) -> None:
+         runs_dir: str = RUNS_DIR, etcd_timeout: float = ETCD_TIMEOUT) -> None:
     """Every rank saves, then the job exits cleanly (the agents do not restart it)."""
-    _request(_target(endpoint, run_id, key_prefix, runs_dir), exit=True)
+    _request(_target(endpoint, run_id, key_prefix, runs_dir), exit=True, etcd_timeout=etcd_timeout)
 
 
 @ckpt_app.command()
@@ -83,11 +74,12 @@ def status(
     key_prefix: str | None = PREFIX,
     runs_dir: str = RUNS_DIR,
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    etcd_timeout: float = ETCD_TIMEOUT,
 ) -> None:
     """The last request, the acknowledgements, the latest complete checkpoint and the newest in memory."""
     target = _target(endpoint, run_id, key_prefix, runs_dir)
     try:
-        client, keys = _connect(target.endpoint), target.keys
+        client, keys = connect_run(_fail, target.endpoint, etcd_timeout), target.keys
         report = CheckpointProtocol(client, keys, source="eft-ckpt").status()
         report["memory"] = _memory(client, keys)
     except StoreError as exc:

@@ -24,9 +24,9 @@ from elasticft.goodput.breakdown import CATEGORIES, CATEGORY_HELP, Breakdown, Re
 from elasticft.goodput.costs import young_daly_interval
 from elasticft.goodput.svg import SvgError
 from elasticft.goodput.timeline import picture
-from elasticft.store import StoreError, StoreOptions, connect
+from elasticft.store import StoreError
 from launcher.one_line import OneLineErrors, fail
-from launcher.run_lookup import ENDPOINT, PREFIX, RUN_ID, RUNS_DIR, resolve
+from launcher.run_lookup import ENDPOINT, ETCD_TIMEOUT, PREFIX, RUN_ID, RUNS_DIR, connect_run, resolve
 
 
 def _fail(message: str) -> NoReturn:
@@ -54,13 +54,8 @@ def read_events_file(path: Path) -> list[dict]:
     return events
 
 
-def read_events_etcd(endpoint: str, run_id: str, prefix: str) -> list[dict]:
-    try:
-        client = connect(StoreOptions(endpoint, timeout=5.0))
-    except ValueError as exc:
-        _fail(f"--endpoint: {exc}")
-    except StoreError as exc:
-        _fail(str(exc))
+def read_events_etcd(endpoint: str, run_id: str, prefix: str, etcd_timeout: float) -> list[dict]:
+    client = connect_run(_fail, endpoint, etcd_timeout)
     try:
         events = EventLog(client, RunKeys(run_id, prefix), "eft-report").read()
     except StoreError as exc:
@@ -209,6 +204,7 @@ def report_command(
     plot: Optional[Path] = typer.Option(None, "--plot", help="write the timeline picture: .svg or .html"),
     mtbf_hours: Optional[float] = typer.Option(
         None, "--mtbf-hours", help="the job's expected MTBF for the recommended interval (default: observed)"),
+    etcd_timeout: float = ETCD_TIMEOUT,
 ) -> None:
     """Goodput of a run: where its GPU time went, its failures, and a recommended save interval."""
     if mtbf_hours is not None and not (math.isfinite(mtbf_hours) and mtbf_hours > 0):
@@ -221,7 +217,7 @@ def report_command(
     else:
         target = resolve(lambda message: _fail(f"{message}; or give --events FILE"), endpoint, run_id, prefix, runs_dir)
         run_id = target.keys.run_id
-        events, title = read_events_etcd(target.endpoint, run_id, target.keys.prefix), f"run {run_id}"
+        events, title = read_events_etcd(target.endpoint, run_id, target.keys.prefix, etcd_timeout), f"run {run_id}"
     try:
         report = breakdown(events)
     except ReportError as exc:

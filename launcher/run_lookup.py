@@ -19,6 +19,7 @@ import typer
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.local_runs import RUNS_DIR_VARIABLE, LocalRuns
 from elasticft.slurm.job import SlurmJob
+from elasticft.store import EtcdClient, StoreError, StoreOptions, connect
 
 DEFAULT_PREFIX = "/eft"
 
@@ -30,12 +31,32 @@ PREFIX = typer.Option(None, "--key-prefix", envvar="EFT_KEY_PREFIX",
                       help="key_prefix given in --rdzv-conf (default: the run's, else /eft)")
 RUNS_DIR = typer.Option("", "--runs-dir", envvar=RUNS_DIR_VARIABLE,
                         help="where this host's eft-run launchers note their runs (eft-run's --eft-runs-dir)")
+ETCD_TIMEOUT = typer.Option(30.0, "--etcd-timeout", envvar="EFT_ETCD_TIMEOUT",
+                            help="seconds one request to the run's etcd may take (a busy etcd answers late)")
 
 
 @dataclass(frozen=True)
 class RunTarget:
     endpoint: str
     keys: RunKeys
+
+
+def connect_run(fail: Callable[[str], NoReturn], endpoint: str, timeout: float) -> EtcdClient:
+    """A client of the run's etcd, or ``fail`` with one line.
+
+    The timeout is per request, and for the connection's first answer, and generous by
+    default: the etcd of a loaded job can take seconds to answer, and an operator's
+    ``eft ckpt save`` must not report a busy etcd as a dead one. A refused connection
+    still fails at once.
+    """
+    if not timeout > 0:
+        fail(f"--etcd-timeout: expected seconds > 0, got {timeout:g}")
+    try:
+        return connect(StoreOptions(endpoint, timeout=timeout, connect_timeout=timeout))
+    except ValueError as exc:
+        fail(f"--endpoint: {exc}")
+    except StoreError as exc:
+        fail(str(exc))
 
 
 def resolve(fail: Callable[[str], NoReturn], endpoint: str | None, run_id: str | None, key_prefix: str | None,

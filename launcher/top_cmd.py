@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.live import Live
 
 from elasticft.config import RiskConfig
-from elasticft.store import StoreError, StoreOptions, connect
-from launcher.run_lookup import ENDPOINT, PREFIX, RUN_ID, RUNS_DIR, RunTarget, resolve
+from elasticft.store import StoreError
+from launcher.run_lookup import ENDPOINT, ETCD_TIMEOUT, PREFIX, RUN_ID, RUNS_DIR, RunTarget, connect_run, resolve
 from elasticft.tui import (
     SORTS,
     Dashboard,
@@ -65,13 +65,8 @@ def _settings(command: str, threshold: float, stale_after: float, sort: str, tim
     return ViewSettings(threshold, stale_after, sort, timeout, events)
 
 
-def _connect(command: str, endpoint: str):
-    try:
-        return connect(StoreOptions(endpoint, timeout=5.0))
-    except ValueError as exc:
-        _fail(command, f"--endpoint: {exc}")
-    except StoreError as exc:
-        _fail(command, str(exc))
+def _connect(command: str, endpoint: str, etcd_timeout: float):
+    return connect_run(lambda message: _fail(command, message), endpoint, etcd_timeout)
 
 
 def _target(command: str, endpoint: str | None, run_id: str | None, key_prefix: str | None,
@@ -79,9 +74,9 @@ def _target(command: str, endpoint: str | None, run_id: str | None, key_prefix: 
     return resolve(lambda message: _fail(command, message), endpoint, run_id, key_prefix, runs_dir)
 
 
-def _read_once(command: str, target: RunTarget, settings: ViewSettings) -> View:
+def _read_once(command: str, target: RunTarget, settings: ViewSettings, etcd_timeout: float) -> View:
     endpoint, keys = target.endpoint, target.keys
-    client = _connect(command, endpoint)
+    client = _connect(command, endpoint, etcd_timeout)
     try:
         state = read_state(client, keys)
     except StoreError as exc:
@@ -110,6 +105,7 @@ def top(
                                  help="most GPU and lost-node rows drawn (0: what the terminal holds; all when not a terminal)"),
     events: int = typer.Option(8, "--events", envvar="EFT_TOP_EVENTS", help="newest events shown"),
     request_timeout: float = REQUEST_TIMEOUT,
+    etcd_timeout: float = ETCD_TIMEOUT,
 ) -> None:
     """Live view of a run: state, per-GPU risk, lost nodes, checkpoints, events."""
     settings = _settings("top", threshold, stale_after, sort, request_timeout, events)
@@ -126,13 +122,13 @@ def top(
         return rows_that_fit(console, view) if console.is_terminal else None
 
     if once:
-        view = _read_once("top", target, settings)
+        view = _read_once("top", target, settings, etcd_timeout)
         if as_json:
             typer.echo(json.dumps(view.to_dict(), indent=2))
         else:
             console.print(frame(view, limit(view), console.width))
         return
-    client = _connect("top", target.endpoint)
+    client = _connect("top", target.endpoint, etcd_timeout)
     try:
         mirror = RunMirror(client, target.keys).start()
     except StoreError as exc:
@@ -170,12 +166,13 @@ def status(
     rows: int = typer.Option(5, "--rows", envvar="EFT_STATUS_ROWS", help="riskiest GPUs listed"),
     events: int = typer.Option(5, "--events", envvar="EFT_STATUS_EVENTS", help="newest events listed"),
     request_timeout: float = REQUEST_TIMEOUT,
+    etcd_timeout: float = ETCD_TIMEOUT,
 ) -> None:
     """One plain-text screen: state, lost nodes, riskiest GPUs, checkpoints, newest events."""
     settings = _settings("status", threshold, stale_after, "risk", request_timeout, events)
     if rows < 0:
         _fail("status", f"--rows: expected >= 0, got {rows}")
-    view = _read_once("status", _target("status", endpoint, run_id, key_prefix, runs_dir), settings)
+    view = _read_once("status", _target("status", endpoint, run_id, key_prefix, runs_dir), settings, etcd_timeout)
     typer.echo(status_text(view, gpu_rows=rows, events=events))
 
 

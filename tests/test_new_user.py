@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import pytest
 
 from bench.launch import WORKERS, eft_run, wait_for
 from elasticft.contract.local_runs import LocalRuns
-from elasticft.store import free_port
+from elasticft.store import EmbeddedEtcd, free_port
 
 # A shell of the user's own: none of a job's variables that would name a run for them.
 USER_ENV = {k: v for k, v in os.environ.items() if k not in ("EFT_ENDPOINT", "EFT_RUN_ID") and not k.startswith("SLURM")}
@@ -120,3 +121,25 @@ def test_a_mistyped_endpoint_says_at_once_that_it_is_the_first_contact_and_when_
     assert "giving up at" in warnings[0] and "join_timeout" in warnings[0]
     assert not [line for line in warnings if "unreachable" in line]  # not an outage of an etcd that answered
     assert done.stderr.strip().splitlines()[-1].startswith(f"eft-run: error: --rdzv-endpoint: no etcd answered at {endpoint}")
+
+
+def test_a_busy_etcd_is_waited_for_and_a_frozen_one_is_one_line_after_etcd_timeout(tmp_path):
+    """The etcd of a saving job can take seconds to answer (its log's fsync behind the job's
+    writes): `eft ckpt` waits for it (--etcd-timeout, 30 s) instead of calling it unreachable
+    after 5 s, as it once did in the middle of a run; an etcd that stays silent is one line."""
+    with EmbeddedEtcd() as server:
+        where = ["--endpoint", server.endpoint, "--run-id", "busy"]
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            busy = subprocess.Popen([sys.executable, "-m", "launcher.cli", "ckpt", "status", *where],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=USER_ENV)
+            time.sleep(6.0)  # the fault: etcd silent for longer than the old 5 s
+            assert busy.poll() is None, busy.communicate()
+            silent = eft("ckpt", "status", *where, "--etcd-timeout", "1", runs_dir=tmp_path)
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        out, err = busy.communicate(timeout=60)
+        assert busy.returncode == 0, err
+        assert "request: none" in out
+    assert silent.returncode == 2
+    assert silent.stderr.splitlines() == [f"eft ckpt: etcd at {server.endpoint} is unreachable"]

@@ -29,7 +29,7 @@ from elasticft.store.errors import (
     watch_error,
 )
 from elasticft.store.lease import Lease, LeaseKeeper
-from elasticft.store.options import CHANNEL_OPTIONS, FAILED_ENDPOINT_RETRY, StoreOptions
+from elasticft.store.options import FAILED_ENDPOINT_RETRY, StoreOptions
 from elasticft.store.outage import Outage, outage_of
 from elasticft.store.tls import tls_error_behind
 from elasticft.store.transactions import MAX_TXN_OPS, Transactions, prefix_end  # noqa: F401 - MAX_TXN_OPS re-exported
@@ -62,7 +62,7 @@ class EtcdClient(Transactions):
                 creds = pyetcd.Etcd3Client.get_secure_creds(options.cacert, options.key, options.cert)
             endpoints.append(
                 pyetcd.Endpoint(host, port, secure=secure, creds=creds, time_retry=FAILED_ENDPOINT_RETRY,
-                                opts=CHANNEL_OPTIONS)
+                                opts=options.channel_options())
             )
         self._members = len(endpoints)
         self._auth = TokenRenewal(options.user, options.password, secure=bool(options.cacert))
