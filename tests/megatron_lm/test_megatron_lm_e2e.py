@@ -48,6 +48,11 @@ def grad_norms(log: str) -> dict[int, float]:
     return {int(m.group(1)): float(m.group(2)) for m in ITERATION.finditer(log)}
 
 
+def tensor_parallel_sizes(log: str) -> list[int]:
+    """TP of each generation, from Megatron's own dump of its arguments (rank 0's)."""
+    return [int(tp) for tp in re.findall(r"^\s*tensor_model_parallel_size \.+ (\d+)$", log, re.MULTILINE)]
+
+
 def newest(job: Launched) -> int:
     return max(grad_norms(job.output()), default=0)
 
@@ -119,9 +124,15 @@ def test_eft_ckpt_save_saves_through_megatron_and_the_job_goes_on_then_the_kill_
     assert leftovers(tmp_path) == []
 
 
-def test_sigusr1_saves_one_iteration_and_exits_4_for_a_requeue(tmp_path):
+def test_sigusr1_saves_one_iteration_and_exits_4_and_the_requeue_on_one_gpu_goes_on_at_tp1(tmp_path):
+    """SIGUSR1 (SLURM's warning before the time limit): every rank saves the same iteration and
+    eft-run exits 4 for a requeue. The requeued job gets one GPU: eft re-plans the TP2 layout to
+    TP1, and Megatron's load reshards the checkpoint onto it, its distributed optimizer's state
+    included (saved fully reshardable), and training goes on from the saved iteration."""
     ckpt = tmp_path / "ckpt"
-    job = start(tmp_path, EFT_RUN, "--train-iters", "500", "--save", ckpt, "--save-interval", "1000", name="usr1")
+    tp2 = ["--tensor-model-parallel-size", "2", "--use-distributed-optimizer", "--dist-ckpt-optim-fully-reshardable",
+           "--save", ckpt, "--load", ckpt, "--save-interval", "1000"]
+    job = start(tmp_path, EFT_RUN, "--train-iters", "500", *tp2, name="usr1")
     wait_for(lambda: newest(job) >= 2 or job.proc.poll() is not None, 240, "iteration 2")
     assert len(leftovers(tmp_path)) >= 3  # eft-run and its two ranks: what the check below must not find
     os.kill(job.proc.pid, signal.SIGUSR1)
@@ -129,6 +140,20 @@ def test_sigusr1_saves_one_iteration_and_exits_4_for_a_requeue(tmp_path):
     (saved,) = complete(ckpt)
     assert (ckpt / TRACKER).read_text().strip() == str(saved) and saved == newest(job)
     assert "the workers saved and stopped (signal): exit status 4, requeue to go on" in job.output()
+    assert tensor_parallel_sizes(job.output()) == [2]
+    assert leftovers(tmp_path) == []
+    one_gpu = [*EFT_RUN]
+    one_gpu[one_gpu.index("--nproc-per-node") + 1] = "1"
+    stop_now = tmp_path / "stop-now"
+    requeued = start(tmp_path, [*one_gpu, "--eft-kill-switch", stop_now], "--train-iters", "500", *tp2,
+                     name="requeued")
+    wait_for(lambda: newest(requeued) >= saved + 2 or requeued.proc.poll() is not None, 240, "2 iterations more")
+    stop_now.touch()
+    assert requeued.wait(120) == 0, requeued.output()[-3000:]
+    log = requeued.output()
+    assert tensor_parallel_sizes(log) == [1]
+    assert re.search(rf"successfully loaded checkpoint from \S+/ckpt .*at iteration {saved}\b", log), log[-3000:]
+    assert min(grad_norms(log)) == saved + 1 and complete(ckpt)[-1] == newest(requeued)
     assert leftovers(tmp_path) == []
 
 
