@@ -50,14 +50,6 @@ def reference(demo, tmp_path_factory):  # noqa: F811
     return {r["iteration"]: r["loss"] for r in read_jsonl(out / "train.jsonl") if r["event"] == "iteration"}
 
 
-@pytest.fixture(autouse=True)
-def _first_round_waits_for_every_node(monkeypatch):
-    """On a loaded machine one agent can start seconds after another; the first round must
-    still form with every node (torchrun reads PET_RDZV_CONF), or the job starts at another
-    layout whose initial weights are another curve than the reference's."""
-    monkeypatch.setenv("PET_RDZV_CONF", "last_call_timeout=15")
-
-
 def run_demo(demo, out: Path, **overrides) -> tuple[dict, dict]:  # noqa: F811 - the fixture
     args = argparse.Namespace(out=str(out), train_iters=ITERS, save_interval=50, degrade_at=0, lose_at=LOSE_AT,
                               no_health=True, comeback_at=0, timeout=280, nodes=2, mem_ckpt_interval=1,

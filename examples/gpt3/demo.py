@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -67,8 +68,13 @@ def agent(endpoint: str, run_id: str, out: Path, args, name: str, faults: str) -
         cmd += ["--eft-inject", faults]
     cmd += getattr(args, "agent_flags", [])  # tests add their own eft-run flags
     log = open(out / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it until it exits
+    # The agents start together, but on a loaded machine one can start seconds after another: the
+    # first round waits for every node (it closes at once when all are in), or it forms without
+    # one, which joins at the next checkpoint and misses the story. Later rounds do not wait: the
+    # survivors of a lost node rejoin at once (docs/rendezvous.md). torchrun reads PET_RDZV_CONF.
+    env = {**os.environ, "PET_RDZV_CONF": os.environ.get("PET_RDZV_CONF", "last_call_timeout=15")}
     return subprocess.Popen([*cmd, *train_args(out, args)], stdout=log, stderr=subprocess.STDOUT,
-                            cwd=ROOT, start_new_session=True)
+                            cwd=ROOT, start_new_session=True, env=env)
 
 
 def iterations(out: Path) -> list[dict]:
