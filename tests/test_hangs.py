@@ -96,13 +96,17 @@ def test_find_overruns():
     timeouts = {"setup": 600.0, "step": 10.0, "checkpointing": 0.0, "other": 300.0}
     records = [
         record("step", since=100.0, pid=1, rank=0),  # 12 s in a step: hung
-        record("step", since=105.0, pid=2, rank=1),  # 7 s: fine
+        record("step", since=108.0, pid=2, rank=1),  # 4 s: fine
         record("checkpointing", since=0.0, pid=3, rank=2),  # no limit
         record("step", since=0.0, pid=4, rank=3),  # a dead process's heartbeat
+        record("step", since=104.0, pid=5, rank=4),  # 8 s: under its timeout, but silent with rank 0
     ]
-    found = find_overruns(records, alive={1, 2, 3}, timeouts=timeouts, now=112.0)
-    assert [(o.rank, o.section, o.seconds, o.timeout) for o in found] == [(0, "step", 12.0, 10.0)]
+    found = find_overruns(records, alive={1, 2, 3, 5}, timeouts=timeouts, now=112.0)
+    assert [(o.rank, o.section, o.seconds, o.timeout) for o in found] == [(0, "step", 12.0, 10.0),
+                                                                        (4, "step", 8.0, 10.0)]
     assert "section 'step' for 12.0 s, after iteration 5 (timeout 10 s)" in found[0].describe()
+    # no rank over its timeout: nobody is reported, however long silent
+    assert find_overruns(records, alive={1, 2, 3, 5}, timeouts=timeouts, now=109.5) == []
 
 
 # -- timeouts: configured and learned ----------------------------------------------------

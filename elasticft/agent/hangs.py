@@ -26,12 +26,14 @@ from elasticft.contract.progress import ProgressRecord
 log = logging.getLogger(__name__)
 
 PY_SPY_TIMEOUT = 20.0  # seconds one py-spy dump may take before we fall back
+STALLED_FRACTION = 0.5  # of its timeout: a rank this long silent when another overruns is reported with it
 FAULTHANDLER_GRACE = 1.0  # seconds a signalled rank gets to write its stacks before it is killed
 
 
 @dataclass(frozen=True)
 class Overrun:
-    """A live rank that has been in ``section`` for ``seconds`` > ``timeout``."""
+    """A live rank that has been in ``section`` for ``seconds``: over ``timeout``, or over half
+    of it while another rank overran (``find_overruns``)."""
 
     rank: int
     local_rank: int
@@ -54,18 +56,24 @@ def find_overruns(
     timeouts: Mapping[str, float],
     now: float,
 ) -> list[Overrun]:
-    """The ranks in ``alive`` (pids) whose open section outlasted its timeout (0: no limit).
+    """The ranks in ``alive`` (pids) whose open section outlasted its timeout (0: no limit),
+    and, once one has, every live rank silent for over half its own section's timeout.
 
-    Heartbeats of processes not in ``alive`` are a previous generation's: ignored.
+    In a synchronous job one stuck rank soon blocks its peers in the next collective, and
+    the heartbeats (rewritten at most every 50 ms) cannot say which stopped first: the
+    culprit may be the second to overrun. All of them are reported, each with its stacks,
+    which do tell. Heartbeats of processes not in ``alive`` are a previous generation's.
     """
-    found = []
+    silent = []
     for record in records:
         timeout = timeouts.get(record.section, 0.0)
         seconds = now - record.since
-        if record.pid in alive and timeout > 0 and seconds > timeout:
-            found.append(Overrun(record.rank, record.local_rank, record.pid, record.section, seconds, timeout,
-                                 record.iteration, record.dump_signal))
-    return sorted(found, key=lambda o: o.rank)
+        if record.pid in alive and timeout > 0 and seconds > timeout * STALLED_FRACTION:
+            silent.append(Overrun(record.rank, record.local_rank, record.pid, record.section, seconds, timeout,
+                                  record.iteration, record.dump_signal))
+    if not any(o.seconds > o.timeout for o in silent):
+        return []
+    return sorted(silent, key=lambda o: o.rank)
 
 
 def dump_stacks(overrun: Overrun, dumper: str = "auto") -> str:
