@@ -65,35 +65,27 @@ def events(result: dict, kind: EventKind) -> list[dict]:
     return [e for e in result["events"] if e["kind"] == kind]
 
 
-def snapshots_before_the_restart(out: Path) -> list[int]:
-    """The iterations the workers finished a snapshot of before the first restart (rank 0's log)."""
+def snapshots_before_the_restart(out: Path, nth: int = 1) -> list[int]:
+    """The iterations the workers finished a snapshot of before the nth restart (rank 0's log)."""
     records = read_jsonl(out / "train.jsonl")
-    restart = next(i for i, r in enumerate(records) if r["event"] == "start" and r["iteration"])
+    restart = [i for i, r in enumerate(records) if r["event"] == "start" and r["iteration"]][nth - 1]
     return [r["iteration"] for r in records[:restart] if r["event"] == "mem_saved"]
-
-
-def test_a_lost_node_resumes_from_memory(demo, reference, tmp_path):  # noqa: F811
-    """kill -9 of a whole node: its share comes from its replica on the survivor. (Without the
-    tier the job starts over, no save having been made: ``demo.py --compare`` shows both.)"""
-    result, with_memory = run_demo(demo, tmp_path)
-    ((source, resumed, redone),) = with_memory["restarts"]
-    assert source == "memory" and redone < LOSE_AT
-    assert_resumed_within_the_lag(resumed, snapshots_before_the_restart(tmp_path))
-    layout_after = with_memory["layouts"][1]
-    assert layout_after[0] * layout_after[1] * layout_after[2] == 2  # resharded onto the survivor
-    # Resumed resharded: exactly the uninterrupted curve.
-    assert_same_losses(result, reference)
 
 
 def test_a_killed_worker_and_a_lost_node_resume_from_memory_phase_by_phase(demo, reference, tmp_path):  # noqa: F811
     """A worker killed after iteration 14 resumes from its node's own memory; node 1, lost after
-    20, from its replica on node 0. eft report shows every phase of both restarts (issue 34),
+    20 (kill -9 of the whole node), from its replica on node 0, resharded onto the survivor, on
+    exactly the uninterrupted curve. (Without the tier the job would start over, no save having
+    been made: ``demo.py --compare`` shows both.) eft report shows every phase of both restarts (issue 34),
     each restart's phases adding up to its downtime. Every generation starts in warm
     interpreters (the demo's --eft-warm-workers)."""
     result, facts = run_demo(demo, tmp_path, lose_at=LOSE_AT + 6, faults=[f"rank_killed:1@{LOSE_AT}"])
     (source, resumed, redone), (source_2, resumed_2, _) = facts["restarts"]
     assert source == "memory" and resumed in (LOSE_AT - 2, LOSE_AT - 1, LOSE_AT) and redone <= 2
     assert source_2 == "memory" and resumed_2 > resumed
+    assert_resumed_within_the_lag(resumed_2, snapshots_before_the_restart(tmp_path, 2))
+    tp, pp, dp = facts["layouts"][-1][:3]
+    assert tp * pp * dp == 2  # resharded onto the survivor's two GPUs
     restored = events(result, EventKind.CKPT_RESTORED)
     assert [(r["source"], r["iteration"]) for r in restored[-2:]] == [("memory", resumed), ("memory", resumed_2)]
     assert_same_losses(result, reference)
