@@ -1,28 +1,24 @@
-"""What the hook's per-iteration vote costs against the number of ranks, measured and modelled.
+"""What the ranks' vote costs against the number of ranks: the previous design and this one.
 
-Every iteration, every rank joins one ``all_reduce(MAX)`` of the vote's int64s
-(``elasticft/worker/vote.py``: the save slots, the numbers check's, the memory tier's and
-the async save's ballots) over gloo. gloo's default all_reduce of a tiny tensor is its ring:
-2·(N−1) dependent sends, so the vote's latency grows linearly with N. This bench measures
-it on real gloo groups of N processes on loopback, with the vote's exact width, and beside
-it a baseline that does not grow: what one rank does alone each iteration to read a
-decision from its node (its iteration into its slot of a shared page, the node's decision
-sequence out of it), the primitive a decision fixed ahead of time by the agents costs a rank.
+The previous design: every iteration, every rank joined one ``all_reduce(MAX)`` of the
+vote's int64s over gloo, whose all_reduce of a tiny tensor is its ring: 2·(N−1) dependent
+sends, linear in N. This one (``elasticft/worker/tree_max.py``, ``cadence.py``): a binomial
+tree, 2·⌈log2 N⌉ hops, held every iteration only while it costs under ``--eft-vote-budget``
+(1 %) of a step, else every k-th iteration. Both are measured on real gloo groups of N
+processes on loopback with the vote's exact width, and modelled at 16,384 ranks with a
+stated per-hop latency (``--hop-us``: one TCP hop inside a datacenter, tens of µs).
 
-  python bench/vote_scale.py [--sizes 2,4,8,16] [--iterations 200] [--hop-us 30]
+  python bench/vote_scale.py [--sizes 2,4,8,16] [--iterations 200] [--hop-us 30] [--step-s 1]
 
-Ranks beyond this machine's cores share them: the measured rows show the shape, and the
-model row extrapolates with a stated per-hop latency (``--hop-us``: one TCP hop inside a
-datacenter, tens of µs) to the 16,384 ranks eft is built for, against a 1 s iteration.
+Ranks beyond this machine's cores share them: the measured rows show the shape.
 """
 
 from __future__ import annotations
 
 import argparse
-import mmap
+import math
 import os
 import statistics
-import struct
 import tempfile
 import time
 from pathlib import Path
@@ -35,13 +31,16 @@ from common import table
 
 from elasticft.store import free_port
 from elasticft.worker.async_save import AsyncSaves
+from elasticft.worker.cadence import votes_every
 from elasticft.worker.memory import MemoryCheckpoints
 from elasticft.worker.numerics import NumericsGuard
-from elasticft.worker.vote import FILTERED
+from elasticft.worker.tree_max import tree_max_
+from elasticft.worker.vote import CADENCE
 
 # The vote's width with every ballot on: the save slots, the numbers check, memory, async saves.
-VOTE_WIDTH = FILTERED + 1 + NumericsGuard.width + MemoryCheckpoints.width + AsyncSaves.width
+VOTE_WIDTH = CADENCE + 1 + NumericsGuard.width + MemoryCheckpoints.width + AsyncSaves.width
 MODEL_RANKS = 16_384
+BUDGET = 0.01  # --eft-vote-budget's default
 
 
 def _rank(rank: int, world: int, port: int, iterations: int, out: str) -> None:
@@ -49,41 +48,34 @@ def _rank(rank: int, world: int, port: int, iterations: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     vote = torch.zeros(VOTE_WIDTH, dtype=torch.int64)
-    times = []
-    for i in range(iterations + 20):  # 20 to warm gloo's pairs up
-        started = time.perf_counter()
-        dist.all_reduce(vote, op=dist.ReduceOp.MAX)
-        if i >= 20:
-            times.append(time.perf_counter() - started)
+    medians = []
+    for exchange in (lambda: dist.all_reduce(vote, op=dist.ReduceOp.MAX), lambda: tree_max_(vote)):
+        times = []
+        for i in range(iterations + 20):  # 20 to warm gloo's pairs up
+            dist.barrier()  # every rank starts each vote together: its own time, not the skew
+            started = time.perf_counter()
+            exchange()
+            if i >= 20:
+                times.append(time.perf_counter() - started)
+        medians.append(statistics.median(times))
     if rank == 0:
-        Path(out).write_text(str(statistics.median(times)))
+        Path(out).write_text(" ".join(map(str, medians)))
     dist.destroy_process_group()
 
 
-def vote_seconds(world: int, iterations: int) -> float:
-    """The median per-iteration time of the vote on ``world`` gloo ranks (rank 0's view)."""
+def vote_seconds(world: int, iterations: int) -> tuple[float, float]:
+    """The median time of one vote on ``world`` gloo ranks, ring then tree (rank 0's view)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "median")
         mp.start_processes(_rank, args=(world, free_port(), iterations, out), nprocs=world, start_method="spawn")
-        return float(Path(out).read_text())
+        ring, tree = map(float, Path(out).read_text().split())
+        return ring, tree
 
 
-def local_read_seconds(iterations: int) -> float:
-    """The median per-iteration time of one rank's local decision read: its iteration put in
-    its slot of the node's shared page (where its agent reads it) and the node's decision
-    sequence read from the same page. No other rank, no system call."""
-    with tempfile.TemporaryFile(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as backing:
-        backing.truncate(mmap.PAGESIZE)
-        page = mmap.mmap(backing.fileno(), mmap.PAGESIZE)
-        slot, decision = struct.Struct("<q"), struct.Struct("<qq")
-        times = []
-        for i in range(iterations):
-            started = time.perf_counter()
-            slot.pack_into(page, 64, i)
-            decision.unpack_from(page, 0)
-            times.append(time.perf_counter() - started)
-        page.close()
-        return statistics.median(times)
+def per_iteration(vote: float, step: float) -> tuple[float, int]:
+    """What votes cost an iteration of ``step`` seconds under the budget, and k."""
+    k = votes_every(vote, step, BUDGET)
+    return vote / k, k
 
 
 def main() -> None:
@@ -91,21 +83,27 @@ def main() -> None:
     parser.add_argument("--sizes", default="2,4,8,16", help="ranks per measured row, comma-separated")
     parser.add_argument("--iterations", type=int, default=200, help="votes timed per row (median)")
     parser.add_argument("--hop-us", type=float, default=30.0, help="per-hop latency of the model row, µs")
+    parser.add_argument("--step-s", type=float, default=1.0, help="the iteration the cost is a share of, s")
     args = parser.parse_args()
-    local = local_read_seconds(args.iterations)
     rows = []
     for world in (int(s) for s in args.sizes.split(",")):
-        vote = vote_seconds(world, args.iterations)
-        rows.append([world, f"{vote * 1e3:.3f}", f"{local * 1e3:.4f}", f"{vote / local:,.0f}x"])
+        ring, tree = vote_seconds(world, args.iterations)
+        rows.append(row(world, ring, tree, args.step_s))
     hop = args.hop_us * 1e-6
-    modelled = 2 * (MODEL_RANKS - 1) * hop
-    rows.append([f"{MODEL_RANKS} (model)", f"{modelled * 1e3:.0f}", f"{local * 1e3:.4f}", f"{modelled / local:,.0f}x"])
-    print(f"the vote: all_reduce(MAX) of {VOTE_WIDTH} int64 over gloo (its ring); the baseline: one rank's "
-          f"iteration and decision through its node's shared page")
-    print(table(["ranks", "vote ms", "local read ms", "vote / local"], rows))
-    print(f"model: 2*(N-1) hops of {args.hop_us:g} us: {modelled * 1e3:.0f} ms a vote at {MODEL_RANKS} ranks, "
-          f"{modelled * 100:.1f} % of a 1 s iteration (goal: < 1 %); the local read is "
-          f"{local * 1e6:.2f} us at any N")
+    ring, tree = 2 * (MODEL_RANKS - 1) * hop, 2 * math.ceil(math.log2(MODEL_RANKS)) * hop
+    rows.append(row(f"{MODEL_RANKS} (model)", ring, tree, args.step_s))
+    print(f"a vote of {VOTE_WIDTH} int64 over gloo: the previous design's all_reduce (its ring, every iteration) "
+          f"and this one's tree, held every iteration while under {BUDGET:.0%} of a {args.step_s:g} s step")
+    print(table(["ranks", "ring ms (before)", "tree ms", "ring / tree", "before, % of a step",
+                 "now, % of a step", "votes every"], rows))
+    print(f"model: 2*(N-1) hops (ring) against 2*ceil(log2 N) (tree) of {args.hop_us:g} us; goal: under 1 % "
+          f"of a 1 s iteration at {MODEL_RANKS} ranks")
+
+
+def row(ranks, ring: float, tree: float, step: float) -> list:
+    cost, k = per_iteration(tree, step)
+    return [ranks, f"{ring * 1e3:.3f}", f"{tree * 1e3:.3f}", f"{ring / tree:.1f}x", f"{100 * ring / step:.3f}",
+            f"{100 * cost / step:.3f}", f"{k} iteration(s)"]
 
 
 if __name__ == "__main__":

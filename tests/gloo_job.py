@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,8 @@ class Job:
     env: dict[int, dict[str, str]] = field(default_factory=dict)  # rank -> EFT_* for it
     hook_args: dict = field(default_factory=dict)
     events: dict[tuple[int, int], list[tuple]] = field(default_factory=dict)
+    step_seconds: float = 0.0  # each iteration's "compute"
+    dies_saving: int | None = None  # this rank is SIGKILLed once a vote decided a save, before it writes
 
     def run_dir(self, rank: int) -> Path:
         return Path(self.env[rank]["EFT_RUN_DIR"])
@@ -79,7 +82,9 @@ def job(tmp_path: Path, ranks: int = 4, shared_run_dir: bool = False, **kwargs) 
     for rank in range(ranks):
         run_dir = tmp_path / ("run" if shared_run_dir else f"run{rank}")
         run_dir.mkdir(exist_ok=True)
-        env[rank] = {"EFT_RUN_DIR": str(run_dir)}
+        # A vote every iteration: these tests say at which iteration each rank sees what
+        # (tests/test_vote_cadence.py holds the same guarantees with votes iterations apart).
+        env[rank] = {"EFT_RUN_DIR": str(run_dir), "EFT_VOTE_BUDGET": "0"}
     return Job(root=tmp_path, ranks=ranks, env=env, **kwargs)
 
 
@@ -117,6 +122,7 @@ def _rank_main(rank: int, spec: Job, init: str) -> None:
         result["system_exit"] = stop.code
     else:
         _train(rank, spec, hook, result)
+        result["votes"] = hook.votes
     (spec.root / f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
@@ -131,6 +137,9 @@ def _train(rank: int, spec: Job, hook: Hook, result: dict) -> None:
             _do(event)
         action = hook.step(iteration)
         weights += 1  # the "training"
+        time.sleep(spec.step_seconds)
+        if action.save and spec.dies_saving == rank:
+            os.kill(os.getpid(), signal.SIGKILL)
         if action.save:
             started = time.monotonic()
             path = checkpoints.path_for(iteration)

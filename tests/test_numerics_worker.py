@@ -42,6 +42,7 @@ class Generation:
     # (rank, iteration) -> "nan", or a factor the loss is multiplied by, in this generation
     bad: dict[tuple[int, int], object] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    save_interval: int | None = None  # the loop's own (the hook votes at each)
 
     def run_dir(self, rank: int) -> Path:
         return self.root / f"node{rank}"
@@ -59,7 +60,7 @@ def _rank_main(rank: int, gen: Generation) -> None:
                             world_size=RANKS)
     from elasticft.worker import Hook
 
-    hook = Hook()
+    hook = Hook(save_interval=gen.save_interval)
     result = {"rollback": None, "skipped": [], "stepped": []}
     iteration = gen.first
     while iteration < gen.last:
@@ -84,9 +85,11 @@ def _rank_main(rank: int, gen: Generation) -> None:
 class Job:
     """Generations of workers over the same run directories."""
 
-    def __init__(self, root: Path, **env):
+    def __init__(self, root: Path, save_interval: int | None = None, **env):
         self.root = root
-        self.env = {f"EFT_{k.upper()}": str(v) for k, v in env.items()}
+        self.save_interval = save_interval
+        # A vote every iteration unless a test says otherwise: the tests name the iteration of each verdict.
+        self.env = {f"EFT_{k.upper()}": str(v) for k, v in {"vote_budget": 0, **env}.items()}
         self.generations = 0
         self.events: list[dict] = []
         for rank in range(RANKS):
@@ -95,7 +98,7 @@ class Job:
     def run(self, first: int, last: int, bad: dict | None = None) -> dict:
         """One generation; rank 0's result, with ``events`` (its outbox's verdicts)."""
         self.generations += 1
-        gen = Generation(self.root, self.generations, first, last, bad or {}, self.env)
+        gen = Generation(self.root, self.generations, first, last, bad or {}, self.env, self.save_interval)
         finish(mp.start_processes(_rank_main, args=(gen,), nprocs=RANKS, join=False, start_method="fork"), 60)
         results = [gen.result(r) for r in range(RANKS)]
         assert results[0] == results[1], "the ranks disagree"
@@ -174,6 +177,20 @@ def test_a_nan_on_one_rank_rolls_back_and_a_clean_rerun_is_a_transient_fault(tmp
     assert transient["rerun_loss"] == pytest.approx(max(normal_loss(6, r) for r in range(RANKS)))
     state = job.state()
     assert state.pending is None and state.implicated == {"node1": 1} and state.suspects == []
+
+
+def test_between_votes_a_nan_is_held_to_the_next_one_and_its_own_iteration_is_rolled_back_and_rerun(tmp_path):
+    # Votes far apart (a tiny --eft-vote-budget), and at each of the loop's saves (every 10): the
+    # NaN of iteration 13 reaches every rank at 20, before the save; the re-run judges 13 itself.
+    job = Job(tmp_path, save_interval=10, vote_budget=1e-9)
+    first = job.run(0, 30, bad={(1, 13): "nan"})
+    assert first["rollback"] == 20 and first["marker"]["iteration"] == 13
+    rollback, = first["events"]
+    assert (rollback["iteration"], rollback["fault"], rollback["ranks"]) == (13, "nan", [1])
+    again = job.run(10, 30)  # restored from the save before it
+    assert again["rollback"] is None and again["stepped"] == list(range(11, 31))
+    transient, = again["events"]
+    assert (transient["event"], transient["iteration"], transient["ranks"]) == ("transient_fault", 13, [1])
 
 
 def test_a_poisoned_batch_is_skipped_after_the_same_numbers_twice(tmp_path):

@@ -52,6 +52,7 @@ class CheckpointCoordinator:
             "EFT_EXIT_DURATION_MINS": str(self.config.exit_duration_mins),
             WorkerEnv.START_TIME: str(self._job_start_time(client, keys)),
             "EFT_CKPT_GAP": str(self.config.ckpt_gap),
+            "EFT_VOTE_BUDGET": str(self.config.vote_budget),
         }
 
     @staticmethod

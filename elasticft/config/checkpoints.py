@@ -32,13 +32,17 @@ class CheckpointConfig:
     exit_duration_mins: float = knob(0.0, "save and exit this many minutes after the job started (0: never)")
     deadline_margin_mins: float = knob(
         5.0, "under SLURM, save and exit this many minutes before the job's time limit (0: never)")
+    vote_budget: float = knob(
+        0.01, "the most of training time the ranks' votes on saving and exiting may take: they vote every "
+        "iteration while that costs less, else every few (and at each --save-interval); 0: every iteration")
 
     def __post_init__(self) -> None:
         if self.ckpt_mode not in ("hook", "signal"):
             raise ConfigError(f"{flag_name('ckpt_mode')}: expected hook or signal, got {self.ckpt_mode!r}")
         if not 0 <= self.ckpt_gap <= 1:
             raise ConfigError(f"{flag_name('ckpt_gap')}: expected a fraction in [0, 1], got {self.ckpt_gap}")
-        for name in ("ckpt_request_timeout", "shutdown_grace", "exit_duration_mins", "deadline_margin_mins"):
+        for name in ("ckpt_request_timeout", "shutdown_grace", "exit_duration_mins", "deadline_margin_mins",
+                     "vote_budget"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{flag_name(name)}: expected >= 0, got {getattr(self, name)}")
         self.signals()  # validates the names

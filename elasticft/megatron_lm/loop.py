@@ -144,7 +144,7 @@ class MegatronLoop:
         Both are eft's bad numbers: the vote rolls back (the agent restarts the workers from the
         newest good state, uncharged, and judges a repeat: transient, bad data, bad GPU) and the
         process exits 0 instead of a status the agent would count as a crash."""
-        action = self._vote(step, loss=float("nan"))  # every rank: the state machine decides for all
+        action = self._vote(step, loss=float("nan"), vote=True)  # every rank: the state machine decides for all
         if not action.rollback:  # --no-eft-numerics-check: Megatron's status, a failure to the agent
             return exit_code
         log.warning("iteration %d: Megatron's rerun state machine exits %d; eft rolls back and re-runs it",

@@ -64,6 +64,10 @@ class AsyncSaves:
     def settle(self, agreed: list[int]) -> None:
         self._agreed = agreed
 
+    def needs_vote(self, iteration: int) -> bool:
+        """A save is being written: every rank started it at the same iteration."""
+        return self._pending is not None
+
     # -- the loop's calls ----------------------------------------------------------------
 
     def start(self, iteration: int, state: dict) -> float:

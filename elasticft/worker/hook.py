@@ -3,8 +3,11 @@
 A distributed checkpoint is only valid if every rank saves the same iteration, but the
 reasons to save arrive at one rank at a time: the agent of one node relays a request a
 few milliseconds before another's, a preemption signal reaches one process, only rank 0
-watches the switch files. So each rank turns what it saw into a few integers and one
-``all_reduce(MAX)`` per iteration makes them the job's decision.
+watches the switch files. So each rank turns what it saw into a few integers and a vote
+(their MAX over the ranks, ``tree_max.py``) makes them the job's decision. The ranks vote
+only at iterations every one of them can name (``cadence.py``: every iteration while votes
+take under 1 % of training time, and where saves and ballots need them); what a rank sees
+in between is held until then.
 
 The vote itself (slots, ``Action``, request hashes) is ``vote.py``; the numbers check
 that rides in it is ``numerics.py``.
@@ -32,26 +35,16 @@ from elasticft.config import (
 )
 from elasticft.contract.records import CheckpointRequest
 from elasticft.contract.run_dir import OutboxKind, WorkerEnv
+from elasticft.worker.cadence import VoteCadence
 from elasticft.worker.gap import gap_filter
 from elasticft.worker.numerics import NumericsGuard
 from elasticft.worker.progress import ProgressWriter, process_started_at
 from elasticft.worker.relay import Outbox, RequestFile
 from elasticft.worker.signals import ExitSignals
+from elasticft.worker.tree_max import group_max
 from elasticft.worker.vote import (  # noqa: F401 - Action and friends are the hook's API too
-    CODE,
-    EXIT,
-    FILTERED,
-    HONOURED,
-    NO_ACTION,
-    REASON,
-    ROLLBACK,
-    SAVE,
-    SAVE_REASONS,
-    Action,
-    Ballot,
-    request_hash,
-    save_interval_from_argv,
-    vote_device,
+    CADENCE, CODE, EXIT, FILTERED, HONOURED, NO_ACTION, REASON, ROLLBACK, SAVE, SAVE_REASONS, Action, Ballot,
+    int_flag, request_hash, save_interval_from_argv, vote_device,
 )
 
 log = logging.getLogger(__name__)
@@ -79,6 +72,7 @@ class Hook:
         self.last_saved_iteration = last_saved_iteration
         self.run_dir = os.environ.get(WorkerEnv.RUN_DIR, "")
         self._latest = NO_ACTION
+        self.votes = 0  # the votes this rank took part in (cadence.py)
         self.numerics: NumericsGuard | None = None  # the numbers check (off when inert or --eft-numerics-check false)
         if self.inert:
             return
@@ -99,7 +93,10 @@ class Hook:
         self._filtered: dict[int, tuple[int, int | None]] = {}  # dropped: (iteration, last saved)
         self._remove_save_switch = False
         self._auto_checkpointing = False
-        self._ballots: list[Ballot] = []  # others that vote in the same all_reduce (the memory tier)
+        self._held: CheckpointRequest | None = None  # read since the last vote, not yet voted on
+        every = (self.save_interval, int_flag(sys.argv, "--exit-interval"))
+        self._cadence = VoteCadence(self.config.vote_budget, every, int_flag(sys.argv, "--train-iters"))
+        self._ballots: list[Ballot] = []  # others that vote in the same exchange (the memory tier)
         numerics = from_env(NumericsConfig)
         # A collective: every rank makes its Hook.
         self.numerics = NumericsGuard(self.run_dir, group, self._outbox, numerics) if numerics.numerics_check else None
@@ -150,20 +147,29 @@ class Hook:
         ``step(iteration)`` as usual, with no loss."""
         return self.numerics is not None and self.numerics.skips(iteration)
 
-    def step(self, iteration: int, loss: float | None = None, grad_norm: float | None = None) -> Action:
-        """This iteration's decision, agreed by all ranks (a collective: call it on every rank).
+    def step(self, iteration: int, loss: float | None = None, grad_norm: float | None = None,
+             vote: bool = False) -> Action:
+        """This iteration's decision, agreed by all ranks (call it on every rank, every iteration).
 
         ``iteration`` counts the steps done; ``loss`` is this rank's loss of the step that
         made it (None on ranks that have none, e.g. not the last pipeline stage), and
         ``grad_norm`` the step's gradient norm if known: with them, NaN and spikes roll back.
+        ``vote``: every rank passes True here (the loop knows all must agree now), and the
+        ranks vote whatever the cadence (``cadence.py``).
         """
         if self.inert:
             return NO_ACTION
         self.progress.step(iteration)
-        vote = [0, 0, 0, 0, 0]
-        if self.numerics is not None:
-            vote += self.numerics.mine(iteration, loss, grad_norm)
-        request = self._new_request()
+        self._cadence.tick()
+        numbers = self.numerics.mine(iteration, loss, grad_norm) if self.numerics is not None else []
+        self._held = self._new_request() or self._held
+        if not (vote or self._votes_at(iteration)):
+            if self.numerics is not None:
+                self.numerics.unvoted()
+            self._latest = NO_ACTION
+            return NO_ACTION  # what this rank saw waits for the next vote
+        vote = [0, 0, 0, 0, 0, self._cadence.proposal(), *numbers]
+        request, self._held = self._held, None
         if request is not None:
             self._want_request(vote, request, iteration)
         if self._leader:
@@ -176,11 +182,15 @@ class Hook:
             self._want(vote, "deadline", exit=True)
         for ballot in self._ballots:
             vote += ballot.mine(iteration)
+        self.votes += 1
+        started = time.perf_counter()
         agreed = self._vote(vote)
-        offset = FILTERED + 1
+        self._cadence.voted(time.perf_counter() - started)
+        self._cadence.settle(iteration, agreed[CADENCE])
+        offset = CADENCE + 1
         if self.numerics is not None:
             offset += self.numerics.width
-            if self.numerics.settle(iteration, agreed[FILTERED + 1:offset]):
+            if self.numerics.settle(iteration, agreed[CADENCE + 1:offset]):
                 self._latest = ROLLBACK  # the state is bad: no save of any kind now
                 return ROLLBACK
         for ballot in self._ballots:
@@ -197,17 +207,22 @@ class Hook:
             self.progress.enter("checkpointing")
         return self._latest
 
+    def _votes_at(self, iteration: int) -> bool:
+        """The same answer on every rank: the cadence's, a ballot's or the numbers check's."""
+        return (self._cadence.due(iteration) or any(b.needs_vote(iteration) for b in self._ballots)
+                or (self.numerics is not None and self.numerics.needs_vote(iteration)))
+
     @property
     def group(self):
         """The process group whose ranks agree (None: WORLD)."""
         return self._group
 
     def agree(self, values: list[int]) -> list[int]:
-        """The MAX of ``values`` over the group's ranks (a collective)."""
+        """The MAX of ``values`` over the group's ranks (a collective: every rank calls it)."""
         return self._vote(values)
 
     def add_ballot(self, ballot: Ballot) -> None:
-        """Let ``ballot`` vote in this hook's all_reduce(MAX): one collective per iteration for all."""
+        """Let ``ballot`` vote in this hook's votes: one exchange for all, where any needs it."""
         if not self.inert:
             self._ballots.append(ballot)
 
@@ -299,9 +314,7 @@ class Hook:
         vote[REASON] = max(vote[REASON], CODE.get(reason, CODE["request"]))
 
     def _vote(self, vote: list[int]) -> list[int]:
-        tensor = torch.tensor(vote, dtype=torch.int64, device=self._device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._group)
-        return tensor.tolist()
+        return group_max(vote, self._group, self._device)
 
     def _settle(self, iteration: int, request: CheckpointRequest | None, mine: list[int], agreed: list[int]) -> Action:
         """Record what the job decided about each request in the vote; the Action."""

@@ -118,6 +118,10 @@ class MemoryCheckpoints:
     def settle(self, agreed: list[int]) -> None:
         self._agreed = agreed
 
+    def needs_vote(self, iteration: int) -> bool:
+        """A snapshot is due (paused or not, all must agree) or one is being written."""
+        return self._pending is not None or self._due(iteration)
+
     # -- every iteration -------------------------------------------------------------
 
     def _due(self, iteration: int) -> bool:

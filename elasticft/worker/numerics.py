@@ -1,9 +1,11 @@
 """The numbers check: roll back an iteration whose loss is NaN or spikes, re-run it, judge.
 
 The hook owns one ``NumericsGuard`` and feeds it each rank's ``loss`` and ``grad_norm``
-from ``hook.step``. Four more int64s in the hook's one all_reduce(MAX) make every rank
-see the same job-wide numbers (``loss_rules``: the MAX of the values' bits), so every
-rank reaches the same verdict with no collective of its own:
+from ``hook.step``. Each rank judges its own numbers against its own window at every
+iteration; a bad iteration is held until the ranks' next vote (``cadence.py``: before any
+save or snapshot), where six more int64s make every rank see the same job-wide numbers
+(``loss_rules``: the MAX of the values' bits) and the earliest bad iteration any rank
+holds, so every rank reaches the same verdict with no collective of its own:
 
 * good: the loss joins the spike window;
 * bad (NaN/Inf, or a spike): the workers stop without saving (the state is bad) and
@@ -39,18 +41,21 @@ from elasticft.contract.numerics import (
     wire_float,
 )
 from elasticft.contract.run_dir import OutboxKind, WorkerEnv, write_atomically
+from elasticft.contract.numerics import NumericKind
+from elasticft.worker.cadence import CAP
 from elasticft.worker.loss_rules import finite, from_bits, judge, rerun_cause, spike_level, to_bits
 from elasticft.worker.relay import Outbox
 
 log = logging.getLogger(__name__)
 
-LOSS, GRAD, BAD_HIGH, BAD_LOW = range(4)  # this guard's slots in the hook's vote
+# This guard's slots in the hook's vote; FIRST holds CAP - the bad iteration (MAX: the earliest).
+LOSS, GRAD, BAD_HIGH, BAD_LOW, FIRST, LEVEL = range(6)
 
 
 class NumericsGuard:
     """See the module's docstring. Made by the hook after it joined the group (a collective)."""
 
-    width = 4
+    width = 6
 
     def __init__(self, run_dir: str, group, outbox: Outbox | None, config: NumericsConfig | None = None):
         self.config = config or from_env(NumericsConfig)
@@ -62,7 +67,8 @@ class NumericsGuard:
         self._keeper = int(os.environ.get("LOCAL_RANK", "0")) == 0  # writes the node's copy
         node = os.environ.get(WorkerEnv.NODE_ID, "") or f"group-rank-{os.environ.get('GROUP_RANK', '0')}"
         self.state, self._nodes = self._agree(node)
-        self._level_now: float | None = None  # the spike level of the iteration being voted on
+        self._held: list[int] | None = None  # the slots of the first bad iteration since the last vote
+        self._seen: tuple[int, float | None, bool] | None = None  # the newest iteration: its loss, good here
 
     # -- start: one state for the whole job ------------------------------------------
 
@@ -94,20 +100,39 @@ class NumericsGuard:
         """True when the step that makes ``iteration`` must not run: its batch is bad."""
         return iteration in self.state.skipped
 
+    def needs_vote(self, iteration: int) -> bool:
+        """The re-run of a bad iteration is judged where it happens (the same on every rank)."""
+        pending = self.state.pending
+        return pending is not None and pending.iteration == iteration
+
     def mine(self, iteration: int, loss: float | None, grad_norm: float | None) -> list[int]:
-        """This rank's slots: its values' bits, and its rank if its own loss is bad (the
-        gradient norm is the job's: it names no rank)."""
+        """This rank's slots for a vote: its values' bits, its rank if its own loss is bad
+        (the gradient norm is the job's: it names no rank), the iteration and the spike level
+        it was judged by; the first bad iteration's while one is held."""
         self._trim(iteration)
-        level = self._level_now = self._level(iteration)  # settle() judges by the same level
+        level = self._level(iteration)
         bad = not finite(loss) or (level is not None and loss is not None and loss > level)
-        return [to_bits(loss), to_bits(grad_norm), self._rank + 1 if bad else 0, self._world - self._rank if bad else 0]
+        flags = [self._rank + 1, self._world - self._rank] if bad else [0, 0]
+        slots = [to_bits(loss), to_bits(grad_norm), *flags, CAP - iteration, to_bits(level)]
+        good = not bad and finite(grad_norm)
+        if self._held is None and not good:
+            self._held = slots
+        self._seen = (iteration, loss, good)
+        return self._held or slots
+
+    def unvoted(self) -> None:
+        """No vote at the newest iteration: a good loss of this rank's joins its window."""
+        iteration, loss, good = self._seen or (0, None, False)
+        if good and loss is not None and self._held is None:
+            self._remember(iteration, loss)
 
     def settle(self, iteration: int, agreed: list[int]) -> bool:
-        """The job's numbers for ``iteration``; True when the workers must roll back."""
+        """The job's numbers at the vote of ``iteration``; True when the workers must roll back."""
+        self._held = None
         loss, grad_norm = from_bits(agreed[LOSS]), from_bits(agreed[GRAD])
         ranks = self._ranks(agreed)
-        level = self._level_now
-        kind = judge(loss, grad_norm, level)
+        # Each rank judged its own loss by its own window: a spike is what some rank flagged.
+        kind = judge(loss, grad_norm, None) or (NumericKind.SPIKE if agreed[BAD_HIGH] else None)
         pending = self.state.pending
         if pending is not None and pending.iteration == iteration:
             return self._judge_rerun(pending, kind, loss, grad_norm, ranks)
@@ -118,7 +143,8 @@ class NumericsGuard:
             if loss is not None:
                 self._remember(iteration, loss)
             return False
-        fault = NumericFault(iteration, kind, loss, grad_norm, ranks, self._nodes_of(ranks), level)
+        first = CAP - agreed[FIRST] if agreed[FIRST] else iteration
+        fault = NumericFault(first, kind, loss, grad_norm, ranks, self._nodes_of(ranks), from_bits(agreed[LEVEL]))
         self.state.decisions += 1
         self.state.pending = fault
         return self._roll_back(fault, Cause.UNKNOWN)

@@ -26,7 +26,7 @@ SAVE_REASONS = ("request", RequestReason.RISK.value, RequestReason.WATCHDOG.valu
                 "save_switch", RequestReason.SIGNAL.value, "exit_duration", "deadline",
                 "kill_switch")
 CODE = {reason: code for code, reason in enumerate(SAVE_REASONS)}
-SAVE, EXIT, REASON, HONOURED, FILTERED = range(5)  # slots of the vote
+SAVE, EXIT, REASON, HONOURED, FILTERED, CADENCE = range(6)  # slots of the vote (CADENCE: cadence.py)
 
 
 @dataclass(frozen=True)
@@ -55,9 +55,13 @@ ROLLBACK = Action(exit=True, reason="rollback", rollback=True)
 
 
 class Ballot(Protocol):
-    """Something else the ranks must agree on every iteration (``Hook.add_ballot``)."""
+    """Something else the ranks must agree on at votes (``Hook.add_ballot``)."""
 
     width: int  # how many int64s it adds to the vote
+
+    def needs_vote(self, iteration: int) -> bool:
+        """Whether the ranks must vote at ``iteration`` for this ballot: the same answer on
+        every rank (from what earlier votes settled and the iteration alone)."""
 
     def mine(self, iteration: int) -> list[int]:
         """This rank's ``width`` values (non-negative; the job's is their MAX)."""
@@ -66,13 +70,18 @@ class Ballot(Protocol):
         """The job's values, the same on every rank."""
 
 
-def save_interval_from_argv(argv: Sequence[str]) -> int | None:
-    """The value of Megatron's ``--save-interval`` in ``argv``, or None."""
-    raw = flag_value(argv, "--save-interval")
+def int_flag(argv: Sequence[str], flag: str) -> int | None:
+    """The integer value of ``flag`` (Megatron's ``--save-interval``, say) in ``argv``, or None."""
+    raw = flag_value(argv, flag)
     try:
         return int(raw) if raw is not None else None
     except ValueError:
         return None  # the training script's own parser reports it
+
+
+def save_interval_from_argv(argv: Sequence[str]) -> int | None:
+    """The value of Megatron's ``--save-interval`` in ``argv``, or None."""
+    return int_flag(argv, "--save-interval")
 
 
 def request_hash(request_id: str) -> int:
