@@ -122,8 +122,13 @@ class NumericsGuard:
 
     def unvoted(self) -> None:
         """No vote at the newest iteration: a good loss of this rank's joins its window."""
+        if self._held is None:
+            self._remember_mine()
+
+    def _remember_mine(self) -> None:
+        """This rank's own loss of its newest iteration joins its window, if it was good here."""
         iteration, loss, good = self._seen or (0, None, False)
-        if good and loss is not None and self._held is None:
+        if good and loss is not None:
             self._remember(iteration, loss)
 
     def settle(self, iteration: int, agreed: list[int]) -> bool:
@@ -140,8 +145,7 @@ class NumericsGuard:
             self._say("iteration %d was not re-run (resumed past it): its fault stays unexplained", pending.iteration)
             self.state.pending = None
         if kind is None:
-            if loss is not None:
-                self._remember(iteration, loss)
+            self._remember_mine()
             return False
         first = CAP - agreed[FIRST] if agreed[FIRST] else iteration
         fault = NumericFault(first, kind, loss, grad_norm, ranks, self._nodes_of(ranks), from_bits(agreed[LEVEL]))
@@ -191,8 +195,7 @@ class NumericsGuard:
                          loss=wire_float(first.loss), rerun_loss=wire_float(loss))
             self._say("iteration %d re-run is good: a transient fault (%s, rank(s) %s)", first.iteration,
                       first.kind, list(first.ranks) or "unknown")
-            if loss is not None:
-                self._remember(first.iteration, loss)
+            self._remember_mine()
             self._keep()
             return False
         if cause is Cause.DATA:
