@@ -1,10 +1,10 @@
 """Where a vote costs more than --eft-vote-budget allows, the ranks vote every few iterations,
-not every one, and keep every guarantee of a vote every iteration: real gloo jobs of forked ranks, the test playing
+not every one, and keep every guarantee of a vote every iteration (a signal's case is in
+tests/test_worker_hook.py): real gloo jobs of forked ranks, the test playing
 the agent (tests/gloo_job.py); the numbers check's case in tests/test_numerics_worker.py."""
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 from pathlib import Path
@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 
 from elasticft.worker.cadence import CAP, VoteCadence
 from elasticft.worker.tree_max import group_max
-from tests.gloo_job import finish, job, run, start, take_outbox, wait_progress
+from tests.gloo_job import finish, job, run, start, take_outbox
 
 def cadenced(tmp_path, **kwargs):
     """Votes only where every rank must: the first two iterations, and the loop's saves (every 20)."""
@@ -42,23 +42,6 @@ def test_a_request_seen_by_one_rank_waits_for_the_next_vote_and_every_rank_saves
     ack, = take_outbox(spec.run_dir(0))
     assert (ack["type"], ack["iteration"]) == ("ack", 40)
     assert [r["votes"] for r in results] == [4] * 4  # at 0 and 1 (the first two steps), 20 and 40
-
-
-def test_sigterm_to_one_rank_makes_every_rank_save_and_exit_at_the_same_iteration(tmp_path):
-    spec = cadenced(tmp_path, until_exit=True)
-    context = start(spec)
-    try:
-        wait_progress(spec, 5)
-        os.kill(context.processes[3].pid, signal.SIGTERM)
-        finish(context)
-    finally:
-        for process in context.processes:
-            process.kill()
-    assert [p.exitcode for p in context.processes] == [0] * 4
-    results = [spec.result(r) for r in range(4)]
-    last = results[0]["exit"]
-    assert saved_iterations(results) == [[last]] * 4 and [r["exit"] for r in results] == [last] * 4
-    assert {r["saves"][0]["reason"] for r in results} == {"signal"}
 
 
 def test_a_rank_killed_after_the_vote_decided_a_save_leaves_nothing_marked_complete(tmp_path):

@@ -166,8 +166,13 @@ def test_kill_switch_present_at_start_exits_at_once(tmp_path):
     assert not (tmp_path / "ckpt").exists()
 
 
-def test_sigterm_to_one_rank_makes_every_rank_save_and_exit_together(tmp_path):
+@pytest.mark.parametrize("votes_far_apart", [False, True], ids=["every-iteration", "at-saves-only"])
+def test_sigterm_to_one_rank_makes_every_rank_save_and_exit_together(tmp_path, votes_far_apart):
     spec = job(tmp_path, until_exit=True)
+    if votes_far_apart:  # a tiny --eft-vote-budget: the ranks vote at the loop's saves (every 20) only
+        spec = job(tmp_path, until_exit=True, hook_args={"save_interval": 20}, step_seconds=0.01)
+        for env in spec.env.values():
+            env["EFT_VOTE_BUDGET"] = "1e-9"
     context = start(spec)
     try:
         wait_progress(spec, 3)
