@@ -50,6 +50,10 @@ FORBIDDEN = {
     # SLURM facts are pure: the job's variables and the controller's answers; no etcd, no agent
     "elasticft.slurm": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
                         "elasticft.health", "elasticft.worker", "elasticft.store", "elasticft.memckpt", "launcher"),
+    # what an agent exports: the contract and prometheus_client; the agent feeds it plain readings
+    "elasticft.metrics": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
+                          "elasticft.health", "elasticft.worker", "elasticft.store", "elasticft.memckpt",
+                          "elasticft.goodput", "launcher"),
     "elasticft.memckpt": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
                           "elasticft.health", "elasticft.worker", "launcher"),
 }

@@ -71,6 +71,7 @@ from elasticft.agent.hang_monitor import HangMonitor
 from elasticft.agent.job_end import close_before_leaving, record_job_end, why_left
 from elasticft.agent.join_gate import JoinGate
 from elasticft.agent.memory import MemoryService
+from elasticft.agent.metrics import AgentParts, MetricsService
 from elasticft.agent.numerics import NumericsWatch
 from elasticft.agent.observe import Observer
 from elasticft.agent.orphans import end_sessions, workers_die_with_agent
@@ -103,6 +104,7 @@ class FTElasticAgent(LocalElasticAgent):
         self._hangs: HangMonitor | None = None
         self._observer: Observer | None = None  # made in run(), with the hang monitor
         self._memory: MemoryService | None = None  # the memory checkpoint tier (etcd-v3 only)
+        self._metrics: MetricsService | None = None  # /metrics (etcd-v3 only; --eft-metrics-port)
         self._stops = StopRecorder(None, self._run_dir)  # workers_stopped events (etcd-v3 only; made in _start)
         self._budget: RestartBudget | None = None  # job-wide restart counts (etcd-v3 only)
         self._failed: RunResult | None = None  # the workers' last failure, for a job the budget ends
@@ -155,9 +157,11 @@ class FTElasticAgent(LocalElasticAgent):
     def _start(self) -> None:
         spec = self.get_worker_group().spec
         if self._etcd is not None:
+            host = spec.local_addr or socket.getfqdn()
+            self._metrics = MetricsService(self._settings.metrics, host)  # before joining: its address is in the record
             self._ctx = AgentContext.join(
-                self._etcd, self._settings.ft.node_id, spec.local_addr or socket.getfqdn(),
-                spec.local_world_size, self._settings.ft.lease_ttl, self._run_dir, self._settings.memory.domain())
+                self._etcd, self._settings.ft.node_id, host, spec.local_world_size, self._settings.ft.lease_ttl,
+                self._run_dir, self._settings.memory.domain(), self._metrics.address)
             self._ctx.record(EventKind.NODE_JOINED, host=self._ctx.node.record.host, gpus=spec.local_world_size)
             share_node_lease(spec.rdzv_handler, self._ctx.node, self._ctx.membership)  # one lease, one watch
             hold_joins(spec.rdzv_handler, JoinGate.for_agent(self._settings, self._ctx, spec.args))  # --eft-join-at
@@ -182,6 +186,9 @@ class FTElasticAgent(LocalElasticAgent):
                                          self._run_dir, self._holds_rank0, self._settings.ft.inject,
                                          self._settings.replication.mem_ckpt_max_lag).start(self._ckpt)
             os.environ.update(MemoryService.worker_environment(self._settings.memory))
+            self._metrics.connect(AgentParts(ctx, self._services, self._memory.tier, lambda: self._stops,
+                                             self._world_size, lambda: len(torch_seam.worker_pids(self)),
+                                             self._holds_rank0))
         timeouts = SectionTimeouts.for_worker(self._settings.hang, spec.args,
                                               ctx.client if ctx else None, ctx.keys if ctx else None)
         self._stops = StopRecorder(ctx.record if ctx else None, self._run_dir)
@@ -198,6 +205,8 @@ class FTElasticAgent(LocalElasticAgent):
         self._warm.close()
         if self._stops is not None:
             self._stops.stopped("finished" if clean else "failed")
+        if self._metrics is not None:  # first: a scrape reads the services and the memory tier
+            self._metrics.close()
         self._services.stop()
         if self._memory is not None:
             self._memory.close()

@@ -67,7 +67,7 @@ class CheckpointCoordinator:
     def connect(self, ctx: AgentContext) -> None:
         """Relay ``ckpt/request`` to the workers and their answers back (etcd-v3 only)."""
         self.protocol = CheckpointProtocol(ctx.client, ctx.keys, ctx.node_id, self.config.ckpt_request_timeout,
-                                           ctx.events.notifier)
+                                           ctx.events)
         self._relay = CheckpointRelay(ctx.client, ctx.keys, self.protocol, self.run_dir, self._on_request).start()
 
     def on_outbox(self, kind: str, handler: Callable[[dict], None]) -> None:

@@ -31,11 +31,12 @@ class CheckpointProtocol:
     """The etcd side: request, acknowledge, report. One per agent or CLI call."""
 
     def __init__(self, client: EtcdClient, keys: RunKeys, source: str, request_timeout: float = 300.0,
-                 notifier=None):
+                 events: EventLog | None = None):
         self._client = client
         self._keys = keys
         self._timeout = request_timeout
-        self.events = EventLog(client, keys, source, notifier=notifier)
+        # the agent's own log (its notifier and metrics see these events too); a command's: one of its own
+        self.events = events or EventLog(client, keys, source)
 
     def current(self) -> CheckpointRequest | None:
         found = self._client.get(self._keys.ckpt_request)

@@ -93,7 +93,7 @@ class AgentContext:
 
     @classmethod
     def join(cls, target: EtcdTarget, node_id: str, rdzv_addr: str, gpus: int, ttl: float,
-             run_dir: Path, domain: str = "") -> "AgentContext":
+             run_dir: Path, domain: str = "", metrics: str = "") -> "AgentContext":
         """Connect, write this node's record under a new lease, and watch the others'."""
         client = connect(target.store)
         node_id = node_id or default_node_id()
@@ -107,6 +107,7 @@ class AgentContext:
             domain=domain,
             attempt=target.attempt,
             beacon=beacon.address,
+            metrics=metrics,
         )
         membership = Membership(client, target.keys)
         node = NodeLease(client, target.keys, record, ttl)

@@ -19,6 +19,7 @@ import os
 import threading
 import time
 import uuid
+from typing import Callable
 
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.run_dir import write_atomically
@@ -40,6 +41,8 @@ class EventLog:
         # An elasticft.agent.notify.Notifier: every recorded event is also offered to it (it
         # picks the kinds worth a notification); how events are stored does not change.
         self.notifier = notifier
+        # Called with every recorded event, in the recording thread (the metrics board: keep it short).
+        self.observers: list[Callable[[dict], None]] = []
         self._held: collections.deque[tuple[str, str]] = collections.deque(maxlen=HELD_EVENTS)
         self._lock = threading.Lock()
         self.dropped = 0  # events lost to the bound on held events
@@ -54,6 +57,11 @@ class EventLog:
         self._put(self._keys.event(name), json.dumps(event), kind)
         if self.notifier is not None:
             self.notifier.send(event)
+        for observe in self.observers:
+            try:
+                observe(event)
+            except Exception:  # noqa: BLE001 - an observer's bug must not lose the next observer's view
+                log.exception("an observer of event %s failed", kind)
 
     def _put(self, key: str, value: str, kind: str) -> None:
         try:

@@ -42,16 +42,32 @@ class StopRecorder:
     def started(self) -> None:
         self._done = False
 
+    @property
+    def run_dir(self) -> str | os.PathLike:
+        return self._run_dir
+
+    @property
+    def phases(self) -> dict[RestartPhase, float]:
+        """The agent's phase ends of the running (or next) generation, so far."""
+        return {RestartPhase(name): when for name, when in dict(self._phases).items()}  # read from a scrape's thread
+
     def stopped(self, why: str) -> None:
         if self._done or self._record is None:
             return
         self._done = True
-        phases, self._phases = self._phases, {}
-        beat = read_progress(self._run_dir).get(0)
-        if beat is None or beat.started is None:
+        summary = self.summary(why)
+        self._phases = {}
+        if summary is None:
             log.debug("no heartbeat of local rank 0: no workers_stopped event")
             return
-        self._record(EventKind.WORKERS_STOPPED, why=why, rank=beat.rank, iteration=beat.iteration,
-                     first_iteration=beat.first_iteration, started=beat.started, first_step=beat.first_step,
-                     last_beat=beat.time, steps=beat.steps, totals=beat.totals, stalls=beat.stalls,
-                     phases={**phases, **beat.phases}, loaded_from=beat.loaded_from, loaded_bytes=beat.loaded_bytes)
+        self._record(EventKind.WORKERS_STOPPED, **summary)
+
+    def summary(self, why: str) -> dict | None:
+        """The running generation's ``workers_stopped`` fields as of now (None: local rank 0 has not beaten)."""
+        beat = read_progress(self._run_dir).get(0)
+        if beat is None or beat.started is None:
+            return None
+        return dict(why=why, rank=beat.rank, iteration=beat.iteration, first_iteration=beat.first_iteration,
+                    started=beat.started, first_step=beat.first_step, last_beat=beat.time, steps=beat.steps,
+                    totals=beat.totals, stalls=beat.stalls, phases={**self._phases, **beat.phases},
+                    loaded_from=beat.loaded_from, loaded_bytes=beat.loaded_bytes)

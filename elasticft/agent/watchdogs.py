@@ -41,13 +41,14 @@ from elasticft.periodic import PeriodicTask
 
 log = logging.getLogger(__name__)
 
+WATCHDOG_CHECKS = ("disk_space", "disk_inodes", "cpu_memory", "gpu_memory", "silence")  # Trip.check's values
 
 
 @dataclass(frozen=True)
 class Trip:
     """One watchdog finding: ``reading`` is on the wrong side of ``limit``."""
 
-    check: str  # disk_space, disk_inodes, cpu_memory, gpu_memory, silence
+    check: str  # one of WATCHDOG_CHECKS
     target: str  # the directory, "host", "gpu<N>" or "workers"
     reading: float
     limit: float

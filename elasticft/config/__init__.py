@@ -39,6 +39,7 @@ _EXPORTS = {
     "SlurmConfig": ".slurm",
     "JOIN_AT": ".start", "StartConfig": ".start",
     "ReplicationConfig": ".replication",
+    "MetricsConfig": ".metrics",
     "Settings": ".settings",
 }
 

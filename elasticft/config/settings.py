@@ -18,6 +18,7 @@ from elasticft.config.housekeeping import HousekeepingConfig
 from elasticft.config.knobs import add_arguments, from_args
 from elasticft.config.megatron_lm import MegatronLMConfig
 from elasticft.config.memory import MemoryConfig
+from elasticft.config.metrics import MetricsConfig
 from elasticft.config.notify import NotifyConfig
 from elasticft.config.numerics import NumericsConfig
 from elasticft.config.planner import PlannerConfig
@@ -58,6 +59,7 @@ class Settings:
         HousekeepingConfig, "eft etcd housekeeping (history compaction, the events bound)")
     slurm: SlurmConfig = _concern(SlurmConfig, "eft under SLURM (the job's time limit, asked once)")
     start: StartConfig = _concern(StartConfig, "eft worker starts and joins (warm interpreters, when a node joins)")
+    metrics: MetricsConfig = _concern(MetricsConfig, "eft metrics (Prometheus, served by every agent)")
 
     @classmethod
     def add_arguments(cls, parser) -> None:

@@ -53,6 +53,7 @@ class NodeRecord:
     domain: str = ""  # failure domain (--eft-node-label): memory checkpoint replicas go to other domains
     attempt: str = ""  # the launch it belongs to: SLURM "<job>.r<restart>"; run id 'none': "cmd-<digest>"
     beacon: str = ""  # host:port where the agent tells peers how long etcd has been silent (agent/fence.py)
+    metrics: str = ""  # host:port of the agent's Prometheus /metrics ("": off; `eft metrics targets`)
 
     def __post_init__(self) -> None:
         self.state = NodeState(self.state)

@@ -104,6 +104,11 @@ class MemoryTier:
         """The newest restorable iteration this node has seen (``mem/restorable``, watched)."""
         return self._running().lag.newest
 
+    def replication_lag(self) -> int:
+        """Snapshots this node took after the newest restorable iteration it has seen (``lag.LagGate``)."""
+        replicator = self._running()
+        return replicator.lag.lag(list(replicator.published))
+
     @property
     def address(self) -> str:
         if self._server is None:
