@@ -11,6 +11,8 @@ import pytest
 
 from bench.launch import read_jsonl
 from elasticft.goodput.breakdown import breakdown
+from tests.metrics_story import METRICS_FLAGS, TargetsWatch, assert_prometheus_saw_the_story
+from tests.prometheus_server import PrometheusServer
 
 # Longer than the longest wait below (tests/test_waits.py): a late job fails with its own message.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -65,7 +67,13 @@ def assert_same_losses(result: dict, reference: dict) -> None:
 
 
 def test_dying_gpu_is_saved_before_its_node_is_lost(demo, reference, tmp_path):
-    result, facts, story = scenario(demo, tmp_path)
+    # A real Prometheus watches (tests/metrics_story.py says what it must see); memory snapshots every
+    # 5 iterations: the newest at the loss (10) is older than the emergency save (12 or 13), so the
+    # story resumes from disk as without them.
+    with PrometheusServer(tmp_path / "prometheus") as prometheus, TargetsWatch(prometheus) as watch:
+        result, facts, story = scenario(demo, tmp_path, during=watch.during, agent_flags=METRICS_FLAGS,
+                                        no_memory=False, mem_ckpt_interval=5)
+        assert_prometheus_saw_the_story(prometheus, watch, result)
     assert facts["detections"] and facts["detections"][0][0].startswith("node1/")
     assert facts["emergency_checkpoint"] in (DEGRADE_AT, DEGRADE_AT + 1)
     assert facts["lost_nodes"] == ["node1"]
