@@ -69,6 +69,8 @@ def assert_prometheus_saw_the_story(prometheus: PrometheusServer, watch: Targets
     for tier in ("disk", "memory"):  # both tiers' newest iterations advanced
         seen = _values(prometheus, f'max by (node) (eft_checkpoint_iteration{{{sel}, tier="{tier}"}})', start, end)
         assert len(seen.get("node0", ())) >= 2, (tier, seen)
+    pushed = _values(prometheus, f'eft_memory_replicated_bytes_total{{{sel}, node="node0"}}', start, end)
+    assert max(pushed["node0"]) > 0, pushed  # the survivor's snapshots reached their replica holder
     up = _values(prometheus, f'up{{job="eft", {sel}}}', start, end)
     assert 0 in up["node1"] and 1 in up["node1"], up  # the lost node's target went down
     world = _values(prometheus, f'eft_world_size{{{sel}, node="node0"}}', start, end)

@@ -177,6 +177,7 @@ class MetricsService:
             readings.checkpoints["memory"] = self._memory_seen
         readings.memory_lag = tier.replication_lag()
         readings.memory_lag_limit = tier.max_lag
+        readings.memory_replicated = tier.replicated()
         readings.memory_served = tier.served()
 
     def close(self) -> None:

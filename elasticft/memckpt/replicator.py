@@ -94,6 +94,7 @@ class Replicator:
         self.lock = lock  # the tier's: pruning and a restart's assembly never interleave
         self.timeout = timeout
         self.published: list[int] = []  # this node's iterations in the index, oldest first
+        self.replicated: dict[str, int] = {}  # holder -> bytes of this node's parts pushed to it (metrics)
         self.lag = lag or LagGate(None, 1 << 30, lambda *a, **k: None)
         self._kept: dict[int, MemPart] = {}  # this node's record: the parts it keeps, by iteration
         self._short: dict[int, tuple[MemPart, Path, list[str]]] = {}  # own parts some holder refused
@@ -276,6 +277,7 @@ class Replicator:
                             part.iteration, holder, exc)
             return False
         self._failing.discard(holder)
+        self.replicated[holder] = self.replicated.get(holder, 0) + sum(size for size, _ in part.files.values())
         if holder not in part.holders:
             part.holders.append(holder)
         part.addresses[holder] = address

@@ -104,6 +104,10 @@ class MemoryTier:
         """The newest restorable iteration this node has seen (``mem/restorable``, watched)."""
         return self._running().lag.newest
 
+    def replicated(self) -> dict[str, int]:
+        """Bytes of this node's snapshots pushed so far, per replica holder."""
+        return dict(self._running().replicated)
+
     def replication_lag(self) -> int:
         """Snapshots this node took after the newest restorable iteration it has seen (``lag.LagGate``)."""
         replicator = self._running()

@@ -108,8 +108,10 @@ class Metric(enum.Enum):
                                    "snapshots the node took since the newest iteration with every replica in place")
     MEMORY_REPLICATION_LAG_LIMIT = _spec("memory_replication_lag_limit_snapshots", Kind.GAUGE, NODE,
                                          "the lag at which snapshots pause (--eft-mem-ckpt-max-lag)")
+    MEMORY_REPLICATED_BYTES = _spec("memory_replicated_bytes", Kind.COUNTER, (*NODE, "peer"),
+                                    "bytes of the node's memory snapshots pushed to replica holders, by holder")
     MEMORY_SERVED_BYTES = _spec("memory_served_bytes", Kind.COUNTER, (*NODE, "peer"),
-                                "bytes of memory checkpoints the node's shard server sent, by receiving node")
+                                "bytes the node's shard server sent to restoring ranks, by their node")
     # -- detections
     HANGS = _spec("hangs", Kind.COUNTER, (*NODE, "section"), "ranks on the node that overran a section's timeout")
     STRAGGLERS = _spec("stragglers", Kind.COUNTER, NODE, "straggler findings the node's agent recorded")

@@ -58,6 +58,8 @@ def families(readings: Readings, board: MetricsBoard) -> list[Family]:
             out.add(metric, value, *labels)
     for tier, seconds in readings.stalls.items():
         out.add(Metric.SAVE_STALL_SECONDS, seconds, tier)
+    for peer, sent in readings.memory_replicated.items():
+        out.add(Metric.MEMORY_REPLICATED_BYTES, sent, peer)
     for peer, sent in readings.memory_served.items():
         out.add(Metric.MEMORY_SERVED_BYTES, sent, peer)
     for metric, series in board.histograms().items():

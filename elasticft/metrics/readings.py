@@ -53,7 +53,8 @@ class Readings:
     stalls: dict[str, float] = field(default_factory=dict)  # tier -> seconds, this agent's lifetime
     memory_lag: int | None = None
     memory_lag_limit: int | None = None
-    memory_served: dict[str, int] = field(default_factory=dict)  # peer -> bytes
+    memory_replicated: dict[str, int] = field(default_factory=dict)  # holder -> bytes pushed
+    memory_served: dict[str, int] = field(default_factory=dict)  # peer -> bytes sent for restores
     etcd_up: bool = True
     gpu_seconds: dict[str, float] = field(default_factory=dict)  # cause -> GPU-seconds (rank 0's node only)
     goodput: float | None = None

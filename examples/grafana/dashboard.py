@@ -6,7 +6,7 @@ Import eft.json in Grafana (Dashboards > New > Import) and pick the Prometheus d
 scrapes the agents (docs/metrics.md). ``tests/test_metrics_rules.py`` checks that eft.json is what
 this script writes, and the Prometheus acceptance test runs every query below against a real run.
 Panels: the job's progress and goodput, a per-GPU risk heat map, restarts with their phases,
-checkpoint ages per tier, the memory tier's replication lag, etcd.
+checkpoint ages per tier, the memory tier's replication lag and bytes, etcd.
 """
 
 from __future__ import annotations
@@ -41,8 +41,10 @@ TIMESERIES = [
     ("Memory tier: replication lag (snapshots)", "none",
      [(f"eft_memory_replication_lag_snapshots{{{RUN}}}", "{{node}}"),
       (f"max by (run) (eft_memory_replication_lag_limit_snapshots{{{RUN}}})", "limit")], 8),
-    ("etcd reachable (1) by node", "none", [(f"eft_etcd_up{{{RUN}}}", "{{node}}")], 12),
-    ("Agents scraped (up)", "none", [(f'up{{job="eft", {RUN}}}', "{{node}}")], 12),
+    ("Memory tier: bytes replicated per second", "Bps",
+     [(f"sum by (run, node) (rate(eft_memory_replicated_bytes_total{{{RUN}}}[5m]))", "{{node}}")], 8),
+    ("etcd reachable (1) by node", "none", [(f"eft_etcd_up{{{RUN}}}", "{{node}}")], 8),
+    ("Agents scraped (up)", "none", [(f'up{{job="eft", {RUN}}}', "{{node}}")], 8),
 ]
 
 
