@@ -110,7 +110,10 @@ def test_events_count_and_a_restart_is_timed_phase_by_phase_at_its_first_step(no
     assert value(samples, "eft_checkpoint_saves_total", kind="emergency") == 1
     assert value(samples, "eft_checkpoint_save_seconds_bucket", le="5.0") == 1
     assert value(samples, "eft_iteration", rank=0) == 14
-    assert value(samples, "eft_save_stall_seconds_total", tier="disk") == 1.5
+    assert value(samples, "eft_save_stall_seconds_sum", tier="disk") == 1.5
+    assert [value(samples, "eft_save_stall_seconds_bucket", tier="disk", le=le) for le in ("1.0", "2.5", "+Inf")] \
+        == [0, 1, 1]
+    assert value(samples, "eft_save_stall_seconds_count", tier="memory") == 0  # known tiers, from the start
     assert value(samples, "eft_restart_seconds_count") == 1  # observed once, however often it is scraped
     assert value(scrape(service.address), "eft_restart_seconds_count") == 1
     phases = {labels["phase"] for labels, _ in samples["eft_restart_phase_seconds_count"]}

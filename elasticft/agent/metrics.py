@@ -142,9 +142,9 @@ class MetricsService:
             readings.ranks.append(RankReading(beat.rank, beat.iteration, beat.time))
         lowest = beats.get(0)
         if lowest is None:
-            readings.stalls = self.board.stalls({})
+            readings.stalls = self.board.stalls({}, {})
             return
-        readings.stalls = self.board.stalls(dict(lowest.stalls))
+        readings.stalls = self.board.stalls(dict(lowest.stalls), dict(lowest.stall_buckets))
         if lowest.step_times:
             readings.iterations_per_second = 1.0 / max(statistics.median(lowest.step_times), 1e-9)
         if lowest.first_step is not None and self.board.restart_began is not None:

@@ -69,5 +69,6 @@ class StopRecorder:
             return None
         return dict(why=why, rank=beat.rank, iteration=beat.iteration, first_iteration=beat.first_iteration,
                     started=beat.started, first_step=beat.first_step, last_beat=beat.time, steps=beat.steps,
-                    totals=beat.totals, stalls=beat.stalls, phases={**self._phases, **beat.phases},
+                    totals=beat.totals, stalls=beat.stalls, stall_buckets={t: list(c) for t, c in beat.stall_buckets.items()},
+                    phases={**self._phases, **beat.phases},
                     loaded_from=beat.loaded_from, loaded_bytes=beat.loaded_bytes)

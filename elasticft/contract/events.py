@@ -76,7 +76,8 @@ class EventKind(enum.StrEnum):
     # The source's workers stopped (a restart, the end); why (restart, finished or failed), and what local
     # rank 0's heartbeat says of its process: rank, iteration (last), first_iteration, started, first_step,
     # last_beat (unix times), steps, totals ({section: seconds}), stalls ({tier: seconds} steps waited for
-    # background saves). What `eft report` accounts time from.
+    # background saves), stall_buckets ({tier: counts per contract.progress.STALL_BUCKETS}). What `eft report`
+    # accounts time from.
     WORKERS_STOPPED = "workers_stopped"
     # The job ended cleanly (recorded by group rank 0 only); no fields.
     JOB_FINISHED = "job_finished"

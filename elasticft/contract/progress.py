@@ -8,6 +8,7 @@ the writer and the readers agree on one definition.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import os
@@ -23,6 +24,24 @@ log = logging.getLogger(__name__)
 
 # A rank is always in exactly one of these (see elasticft.worker.progress for when).
 SECTIONS = ("setup", "step", "checkpointing", "other")
+# The upper bounds (seconds) of the stall histogram a rank keeps per tier (``stall_buckets``): a
+# step's wait for a background save runs from milliseconds to a full save's time. /metrics shows it.
+STALL_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def stall_bucket(seconds: float) -> int:
+    """The index of the bucket ``seconds`` falls in (the last: above every bound)."""
+    return bisect.bisect_left(STALL_BUCKETS, seconds)
+
+
+def stall_counts(value: Any) -> dict[str, tuple[int, ...]]:
+    """A record's ``stall_buckets``; a tier whose counts do not fit the bounds is dropped."""
+    counts = {}
+    for tier, values in (value.items() if isinstance(value, dict) else ()):
+        if isinstance(values, list) and len(values) == len(STALL_BUCKETS) + 1 and all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            counts[str(tier)] = tuple(values)
+    return counts
 
 
 @dataclass(frozen=True)
@@ -46,6 +65,7 @@ class ProgressRecord:
     steps: int = 0  # completed steps
     totals: dict[str, float] = field(default_factory=dict)  # section -> seconds spent in it, closed ones
     stalls: dict[str, float] = field(default_factory=dict)  # tier -> seconds steps waited for background saves
+    stall_buckets: dict[str, tuple[int, ...]] = field(default_factory=dict)  # tier -> those waits per STALL_BUCKETS
     stop_reason: str | None = None  # the job agreed to save and exit for this (elasticft.worker.vote.SAVE_REASONS)
     # When the process's start phases ended (contract/phases.py: imports, process_group, load),
     # and what the load read: absent when the script has no eft hook or predates them.
@@ -78,6 +98,7 @@ class ProgressRecord:
             steps=int(record.get("steps") or 0),
             totals={str(k): float(v) for k, v in dict(record.get("totals") or {}).items()},
             stalls={str(k): float(v) for k, v in dict(record.get("stalls") or {}).items()},
+            stall_buckets=stall_counts(record.get("stall_buckets")),
             stop_reason=_optional(record.get("stop_reason"), str),
             phases={str(k): v for k, v in stamps_from_json(record.get("phases")).items()},
             loaded_from=LoadTier(record["loaded_from"]) if record.get("loaded_from") in tuple(LoadTier) else None,

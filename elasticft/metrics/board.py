@@ -14,9 +14,12 @@ from dataclasses import dataclass, field
 
 from elasticft.contract.events import EventKind
 from elasticft.contract.phases import ORDER, RestartPhase
+from elasticft.contract.progress import STALL_BUCKETS, stall_counts
 from elasticft.metrics.catalog import Kind, Metric
 
 Labels = tuple[str, ...]  # the values of a family's labels beyond run and node, in its order
+Stalls = tuple[float, tuple[int, ...]]  # seconds waited, and the waits per STALL_BUCKETS
+STALL_TIERS = ("disk", "memory")
 
 
 @dataclass
@@ -70,7 +73,7 @@ class MetricsBoard:
             self._counters[metric].update({(str(v),): 0.0 for v in values})
         self._histograms: dict[Metric, dict[Labels, Histogram]] = {
             m: {} for m in Metric if m.spec.kind is Kind.HISTOGRAM}
-        self._stalls_before: dict[str, float] = {}  # tier -> seconds, generations that stopped
+        self._stalls_before: dict[str, Stalls] = {}  # tier -> waits of the generations that stopped
         self.restart_began: float | None = None  # the newest restart event's time, until its first step is seen
         self._stop_ended: float | None = None  # when that restart's workers_stopped was recorded
 
@@ -110,21 +113,17 @@ class MetricsBoard:
     def _stopped(self, event: dict) -> None:
         if self.restart_began is not None:
             self._stop_ended = _number(event.get("time"))
-        stalls = event.get("stalls")
-        for tier, seconds in (stalls.items() if isinstance(stalls, dict) else ()):
-            if _number(seconds) is not None:
-                self._stalls_before[str(tier)] = self._stalls_before.get(str(tier), 0.0) + float(seconds)
+        self._stalls_before = _add_stalls(self._stalls_before, event.get("stalls"),
+                                          stall_counts(event.get("stall_buckets")))
 
     # -- read at a scrape --------------------------------------------------------------
 
-    def stalls(self, running: dict[str, float]) -> dict[str, float]:
-        """Seconds the lowest rank waited for background saves, per tier: generations that
-        stopped, plus ``running`` (the current generation's heartbeat)."""
+    def stalls(self, seconds: dict[str, float], counts: dict[str, tuple[int, ...]]) -> dict[str, Stalls]:
+        """The lowest rank's waits for background saves, per tier (disk and memory always): generations
+        that stopped, plus the running one's (its heartbeat's ``seconds`` and ``counts``)."""
         with self._lock:
-            total = dict(self._stalls_before)
-        for tier, seconds in running.items():
-            total[tier] = total.get(tier, 0.0) + seconds
-        return total
+            before = dict(self._stalls_before)
+        return _add_stalls(before, seconds, counts)
 
     def first_step(self, first_step: float, ends: dict[RestartPhase, float]) -> None:
         """The workers of the newest restart took their first step at ``first_step``: its downtime,
@@ -157,6 +156,17 @@ class MetricsBoard:
 
 def _number(value) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _add_stalls(total: dict[str, Stalls], seconds, counts: dict[str, tuple[int, ...]]) -> dict[str, Stalls]:
+    """``total`` plus one generation's waits (``seconds``: {tier: seconds}, as a record holds them)."""
+    out = dict(total)
+    seconds = seconds if isinstance(seconds, dict) else {}
+    for tier in {*STALL_TIERS, *map(str, seconds), *counts}:
+        waited, buckets = out.get(tier, (0.0, (0,) * (len(STALL_BUCKETS) + 1)))
+        added = counts.get(tier, (0,) * len(buckets))
+        out[tier] = (waited + (_number(seconds.get(tier)) or 0.0), tuple(a + b for a, b in zip(buckets, added)))
+    return out
 
 
 def _count(metric: Metric, field_name: str | None = None):

@@ -14,6 +14,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from elasticft.contract.progress import STALL_BUCKETS
+
 
 class Kind(enum.StrEnum):
     GAUGE = "gauge"
@@ -101,8 +103,9 @@ class Metric(enum.Enum):
     CHECKPOINT_SAVE_SECONDS = _spec("checkpoint_save_seconds", Kind.HISTOGRAM, NODE,
                                     "a complete disk checkpoint's save time, as its ranks reported it",
                                     SECONDS_BUCKETS)
-    SAVE_STALL_SECONDS = _spec("save_stall_seconds", Kind.COUNTER, (*NODE, "tier"),
-                               "seconds the node's lowest rank waited for background saves (disk, memory)")
+    SAVE_STALL_SECONDS = _spec("save_stall_seconds", Kind.HISTOGRAM, (*NODE, "tier"),
+                               "a step's wait for a background save of the tier (disk, memory), on the node's "
+                               "lowest rank", STALL_BUCKETS)
     # -- the memory tier
     MEMORY_REPLICATION_LAG = _spec("memory_replication_lag_snapshots", Kind.GAUGE, NODE,
                                    "snapshots the node took since the newest iteration with every replica in place")

@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric as Family
 from prometheus_client.registry import Collector
 
-from elasticft.metrics.board import MetricsBoard
+from elasticft.metrics.board import Histogram, MetricsBoard
 from elasticft.metrics.catalog import Kind, Metric
 from elasticft.metrics.readings import Readings
 
@@ -56,8 +56,9 @@ def families(readings: Readings, board: MetricsBoard) -> list[Family]:
     for metric, series in board.counters().items():
         for labels, value in series.items():
             out.add(metric, value, *labels)
-    for tier, seconds in readings.stalls.items():
-        out.add(Metric.SAVE_STALL_SECONDS, seconds, tier)
+    for tier, (seconds, counts) in readings.stalls.items():
+        stalls = Histogram(Metric.SAVE_STALL_SECONDS.spec.buckets, list(counts), seconds, sum(counts))
+        out.histogram(Metric.SAVE_STALL_SECONDS, (tier,), stalls.cumulative(), seconds)
     for peer, sent in readings.memory_replicated.items():
         out.add(Metric.MEMORY_REPLICATED_BYTES, sent, peer)
     for peer, sent in readings.memory_served.items():

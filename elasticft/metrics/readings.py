@@ -50,7 +50,8 @@ class Readings:
     iterations_per_second: float | None = None
     restart_budget_remaining: int | None = None
     checkpoints: dict[str, CheckpointReading] = field(default_factory=dict)  # tier -> newest complete
-    stalls: dict[str, float] = field(default_factory=dict)  # tier -> seconds, this agent's lifetime
+    # tier -> (seconds, counts per contract.progress.STALL_BUCKETS): the lowest rank's waits, this agent's lifetime
+    stalls: dict[str, tuple[float, tuple[int, ...]]] = field(default_factory=dict)
     memory_lag: int | None = None
     memory_lag_limit: int | None = None
     memory_replicated: dict[str, int] = field(default_factory=dict)  # holder -> bytes pushed

@@ -28,7 +28,7 @@ import os
 import time
 from collections import deque
 
-from elasticft.contract.progress import SECTIONS, progress_dir
+from elasticft.contract.progress import SECTIONS, STALL_BUCKETS, progress_dir, stall_bucket
 from elasticft.contract.run_dir import WorkerEnv, write_atomically
 from elasticft.worker import phases
 
@@ -113,6 +113,7 @@ class ProgressWriter:
         self.steps = 0
         self.stop_reason: str | None = None  # why the job agreed to save and exit (then the rank ends)
         self.stalls: dict[str, float] = {}  # tier -> seconds a step waited for a background save
+        self.stall_buckets: dict[str, list[int]] = {}  # tier -> how many waits fell in each of STALL_BUCKETS
         self.longest: dict[str, float] = {}
         self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
         self._stack: list[tuple[str, float]] = []  # sections a nested section interrupted
@@ -177,6 +178,7 @@ class ProgressWriter:
 
     def add_stall(self, tier: str, seconds: float) -> None:
         self.stalls[tier] = self.stalls.get(tier, 0.0) + seconds
+        self.stall_buckets.setdefault(tier, [0] * (len(STALL_BUCKETS) + 1))[stall_bucket(seconds)] += 1
 
     def stopping(self, reason: str) -> None:
         """The job agreed to save and exit for ``reason``: say so before the process ends."""
@@ -211,6 +213,7 @@ class ProgressWriter:
             "steps": self.steps,
             "totals": self.totals,
             "stalls": self.stalls,
+            "stall_buckets": self.stall_buckets,
             "stop_reason": self.stop_reason,
             "phases": phases.stamps(),
             "loaded_from": tier,

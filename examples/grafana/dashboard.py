@@ -34,6 +34,9 @@ TIMESERIES = [
      [(f"sum by (run, phase) (rate(eft_restart_phase_seconds_sum{{{RUN}}}[1h])) / "
        f"sum by (run, phase) (rate(eft_restart_phase_seconds_count{{{RUN}}}[1h]))", "{{phase}}")], 8),
     ("Restart budget left", "none", [(f"min by (run) (eft_restart_budget_remaining{{{RUN}}})", "budget left")], 8),
+    ("Save stalls: a step's wait for a background save (p90, by tier)", "s",
+     [(f"histogram_quantile(0.9, sum by (run, tier, le) (rate(eft_save_stall_seconds_bucket{{{RUN}}}[5m])))",
+       "{{tier}}")], 8),
     ("Newest checkpoint's age by tier", "s",
      [(f"min by (run, tier) (eft_checkpoint_age_seconds{{{RUN}}})", "{{tier}}")], 8),
     ("Newest checkpoint's iteration by tier", "none",
