@@ -122,6 +122,26 @@ def test_events_count_and_a_restart_is_timed_phase_by_phase_at_its_first_step(no
     assert sum(v for _, v in samples["eft_restart_phase_seconds_sum"]) == pytest.approx(total, abs=1e-6)
 
 
+def test_a_scrape_while_workers_restart_neither_loses_the_restart_nor_counts_a_stall_twice(node):
+    ctx, _, stops, service = node
+    stops.started()
+    old = ProgressWriter(ctx.run_dir, rank=0, local_rank=0)
+    old.add_stall("memory", 0.2)
+    old.step(1)
+    old.write()
+    ctx.record(EventKind.RESTART, reason="worker_failed")  # the agent's order: the event, then the stop
+    stops.stopped("restart")
+    samples = scrape(service.address)  # the stopped generation's heartbeat is still on disk
+    assert value(samples, "eft_save_stall_seconds_count", tier="memory") == 1
+    assert value(samples, "eft_restart_seconds_count") is None
+    stops.started()
+    new = ProgressWriter(ctx.run_dir, rank=0, local_rank=0)  # the next generation replaces it
+    new.step(2)
+    samples = scrape(service.address)
+    assert value(samples, "eft_restart_seconds_count") == 1
+    assert value(samples, "eft_save_stall_seconds_count", tier="memory") == 1
+
+
 def test_a_port_in_use_is_one_line_and_the_agent_runs_on(node, caplog):
     _, _, _, service = node
     port = int(service.address.rsplit(":", 1)[1])

@@ -141,6 +141,8 @@ class MetricsService:
         for local_rank, beat in sorted(beats.items()):
             readings.ranks.append(RankReading(beat.rank, beat.iteration, beat.time))
         lowest = beats.get(0)
+        if lowest is not None and lowest.started == self.board.stopped_started:
+            lowest = None  # the stopped generation's heartbeat: its workers_stopped counted it
         if lowest is None:
             readings.stalls = self.board.stalls({}, {})
             return

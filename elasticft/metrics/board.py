@@ -76,6 +76,9 @@ class MetricsBoard:
         self._stalls_before: dict[str, Stalls] = {}  # tier -> waits of the generations that stopped
         self.restart_began: float | None = None  # the newest restart event's time, until its first step is seen
         self._stop_ended: float | None = None  # when that restart's workers_stopped was recorded
+        # when the newest stopped generation's lowest rank started: its heartbeat, until the next
+        # generation replaces it, is counted already
+        self.stopped_started: float | None = None
 
     # -- fed by the event log --------------------------------------------------------
 
@@ -111,6 +114,7 @@ class MetricsBoard:
             self.record(Metric.CHECKPOINT_SAVE_SECONDS, seconds)
 
     def _stopped(self, event: dict) -> None:
+        self.stopped_started = _number(event.get("started"))
         if self.restart_began is not None:
             self._stop_ended = _number(event.get("time"))
         self._stalls_before = _add_stalls(self._stalls_before, event.get("stalls"),
@@ -129,9 +133,10 @@ class MetricsBoard:
         """The workers of the newest restart took their first step at ``first_step``: its downtime,
         whole and phase by phase (``ends``: when each phase ended), goes to the histograms once."""
         with self._lock:
-            began, self.restart_began = self.restart_began, None
-            if began is None or first_step < began:
+            began = self.restart_began
+            if began is None or first_step < began:  # the stopped generation's heartbeat, still on disk
                 return
+            self.restart_began = None
             if self._stop_ended is not None:
                 ends = {RestartPhase.STOP: self._stop_ended, **ends}
             self._stop_ended = None
