@@ -14,9 +14,11 @@ from typing import NoReturn, Optional
 
 import typer
 
+from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord
 from elasticft.contract.run_dir import write_atomically
 from elasticft.metrics.targets import file_sd, node_key_parts, render
+from elasticft.rendezvous.membership import running_nodes
 from elasticft.store import EtcdClient, StoreError, StoreOptions, connect
 from launcher.metrics_docs import render as render_docs
 from launcher.run_lookup import ENDPOINT, ETCD_TIMEOUT, PREFIX, RUN_ID, RUNS_DIR, DEFAULT_PREFIX, connect_run, resolve
@@ -32,19 +34,14 @@ def _fail(message: str) -> NoReturn:
 
 
 def _records(client: EtcdClient, prefix: str, run_id: str | None) -> dict[tuple[str, str], NodeRecord]:
-    """Every node record of the run (or, run_id None, of every run under ``prefix``)."""
-    root = f"{prefix.rstrip('/')}/{run_id}/nodes/" if run_id else prefix.rstrip("/") + "/"
-    keys = [k for k in client.keys_with_prefix(root) if node_key_parts(k, prefix)]
-    found = {}
-    for key in keys:
-        item = client.get(key)
-        if item is None:
-            continue  # gone between the listing and the read
-        try:
-            found[node_key_parts(key, prefix)] = NodeRecord.from_json(item.value)
-        except (ValueError, TypeError):
-            continue  # a record eft cannot read is no target
-    return found
+    """The running nodes' records of the run (or, run_id None, of every run under ``prefix`` that has nodes)."""
+    if run_id:
+        runs = {run_id}
+    else:  # keys only: a run's events and memory index are no business of this listing
+        runs = {parts[0] for key in client.keys_with_prefix(prefix.rstrip("/") + "/")
+                if (parts := node_key_parts(key, prefix))}
+    return {(run, node): record for run in sorted(runs)
+            for node, record in running_nodes(client, RunKeys(run, prefix)).items()}
 
 
 @metrics_app.command("targets")

@@ -100,15 +100,15 @@ class MetricsService:
                                        self.config.metrics_goodput_interval).start()
         return self
 
+    def _raw(self, key: str) -> bytes | None:
+        return next((watched.get(key) for watched in self._watched if key in watched), None)
+
     def _record(self, key: str) -> dict | None:
-        for watched in self._watched:
-            if key in watched:
-                try:
-                    value = json.loads(watched.get(key))
-                except (TypeError, ValueError):
-                    return None
-                return value if isinstance(value, dict) else None
-        return None
+        try:
+            value = json.loads(self._raw(key) or b"null")
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
 
     def read(self) -> Readings:
         """The agent's state now (called by the server, on its thread, at every scrape)."""
@@ -160,10 +160,10 @@ class MetricsService:
         latest = self._record(ctx.keys.ckpt_latest)
         if latest and isinstance(latest.get("iteration"), int) and isinstance(latest.get("time"), (int, float)):
             readings.checkpoints["disk"] = CheckpointReading(latest["iteration"], float(latest["time"]))
-        restarts = self._record(ctx.keys.restarts)
+        restarts = self._raw(ctx.keys.restarts)
         if restarts is not None:
             try:
-                record = RestartRecord.from_json(json.dumps(restarts))
+                record = RestartRecord.from_json(restarts)
             except (ValueError, TypeError, KeyError):
                 return
             if record.job_restarts_limit is not None:

@@ -168,23 +168,23 @@ class Hook:
                 self.numerics.unvoted()
             self._latest = NO_ACTION
             return NO_ACTION  # what this rank saw waits for the next vote
-        vote = [0, 0, 0, 0, 0, self._cadence.proposal(), *numbers]
+        slots = [0, 0, 0, 0, 0, self._cadence.proposal(), *numbers]  # this rank's ballot (vote.py's slots)
         request, self._held = self._held, None
         if request is not None:
-            self._want_request(vote, request, iteration)
+            self._want_request(slots, request, iteration)
         if self._leader:
-            self._want_switches(vote)
+            self._want_switches(slots)
         if self._signals.received is not None:
-            self._want(vote, "signal", exit=True)
+            self._want(slots, "signal", exit=True)
         if self._deadline is not None and time.time() >= self._deadline:
-            self._want(vote, "exit_duration", exit=True)
+            self._want(slots, "exit_duration", exit=True)
         if self._slurm_deadline is not None and time.time() >= self._slurm_deadline:
-            self._want(vote, "deadline", exit=True)
+            self._want(slots, "deadline", exit=True)
         for ballot in self._ballots:
-            vote += ballot.mine(iteration)
+            slots += ballot.mine(iteration)
         self.votes += 1
         started = time.perf_counter()
-        agreed = self._vote(vote)
+        agreed = self._vote(slots)
         self._cadence.voted(time.perf_counter() - started)
         self._cadence.settle(iteration, agreed[CADENCE])
         offset = CADENCE + 1
@@ -196,9 +196,7 @@ class Hook:
         for ballot in self._ballots:
             ballot.settle(agreed[offset:offset + ballot.width])
             offset += ballot.width
-        agreed = agreed[:FILTERED + 1]
-        vote = vote[:FILTERED + 1]
-        self._latest = self._settle(iteration, request, vote, agreed)
+        self._latest = self._settle(iteration, request, slots[:FILTERED + 1], agreed[:FILTERED + 1])
         if self._latest.exit:
             self.progress.stopping(self._latest.reason)  # tells the agent why the workers will exit
         if self._latest.save and not self._auto_checkpointing:

@@ -37,11 +37,11 @@ from elasticft.contract.numerics import (
     ROLLBACK_FILE,
     Cause,
     NumericFault,
+    NumericKind,
     NumericsState,
     wire_float,
 )
 from elasticft.contract.run_dir import OutboxKind, WorkerEnv, write_atomically
-from elasticft.contract.numerics import NumericKind
 from elasticft.worker.cadence import CAP
 from elasticft.worker.loss_rules import finite, from_bits, judge, rerun_cause, spike_level, to_bits
 from elasticft.worker.relay import Outbox
