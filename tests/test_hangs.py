@@ -92,6 +92,25 @@ def record(section="step", since=0.0, pid=100, rank=0):
                           time=since, longest={}, step_times=(), dump_signal=None)
 
 
+def test_a_long_save_inside_a_step_is_not_counted_against_the_step_timeout(tmp_path):
+    """A save the vote asks for runs inside the step (a first torch_dist save can take many
+    seconds): once it returns, the heartbeat's step clock is the step's own time, so the save's
+    seconds do not make the rest of the step look hung."""
+    clock = Clock()
+    writer = ProgressWriter(tmp_path, rank=0, local_rank=0, clock=clock)
+    writer.step(6)
+    clock.now = 1001.0
+    writer.enter("checkpointing")
+    clock.now = 1013.0  # a 12 s save
+    writer.leave()
+    clock.now = 1014.0  # 1 s more of the step (the loop's end: Bridge's clean-up, say)
+    record = ProgressRecord.from_json(heartbeat(tmp_path))
+    assert record.section == "step" and clock.now - record.since == 2.0
+    assert find_overruns([record], alive={os.getpid()}, timeouts={"step": 10.0}, now=clock.now) == []
+    writer.step(7)
+    assert ProgressRecord.from_json(heartbeat(tmp_path)).longest == {"step": 2.0, "checkpointing": 12.0}
+
+
 def test_find_overruns():
     timeouts = {"setup": 600.0, "step": 10.0, "checkpointing": 0.0, "other": 300.0}
     records = [

@@ -117,17 +117,14 @@ class ProgressWriter:
         self.longest: dict[str, float] = {}
         self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
         self._stack: list[tuple[str, float]] = []  # sections a nested section interrupted
-        self._nested = 0.0  # time the open step spent in nested sections
         self._work = 0.0  # time the open step spent in compute()
         self._worked = False
         self._written = float("-inf")
         self.write()
 
     def _close_current(self, now: float) -> float:
-        """Close the open section; its duration (a step's without its nested sections)."""
+        """Close the open section; its duration (a step's without its nested sections: ``leave``)."""
         took = now - self.since
-        if self.section == "step":
-            took -= self._nested
         self.totals[self.section] += took
         if took > self.longest.get(self.section, 0.0):
             self.longest[self.section] = took
@@ -148,7 +145,7 @@ class ProgressWriter:
             self.first_step, self.first_iteration = now, iteration
         self.iteration = iteration
         self.section, self.since = "step", now
-        self._nested = self._work = 0.0
+        self._work = 0.0
         self._worked = False
         if first or now - self._written >= STEP_WRITE_INTERVAL:  # the first: the end of the start's phases
             self.write()
@@ -169,7 +166,9 @@ class ProgressWriter:
         took = self._close_current(now)
         self.section, self.since = self._stack.pop()
         if self.section == "step":
-            self._nested += took
+            # The step's clock stood still while the nested section (a save) ran: its time and its
+            # timeout are the step's own, so a long save inside a step is not a hung step.
+            self.since += took
         self.write()
 
     def add_work(self, seconds: float) -> None:
