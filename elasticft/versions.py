@@ -56,6 +56,9 @@ TORCH = Component("torch", (2, 9), (2, 15), "torch/version.py", (r"^__version__\
 # Megatron-LM mode: megatron-core's wheel ships megatron.training from 0.17 on.
 MEGATRON_CORE = Component("megatron-core", (0, 17), (0, 19), "megatron/core/package_info.py",
                           tuple(rf"^{part}\s*=\s*(\d+)" for part in ("MAJOR", "MINOR", "PATCH")))
+# Megatron-Bridge mode (its own loop, megatron.bridge.training): the releases CI's Bridge lane runs.
+MEGATRON_BRIDGE = Component("megatron-bridge", (0, 6), (0, 6), "megatron/bridge/package_info.py",
+                            tuple(rf"^{part}\s*=\s*(\d+)" for part in ("MAJOR", "MINOR", "PATCH")))
 
 
 def release(version: str) -> tuple[int, ...] | None:

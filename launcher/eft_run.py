@@ -41,10 +41,11 @@ from torch.distributed.run import run as torchrun_run
 from elasticft.agent.agent import FTElasticAgent
 from elasticft.agent.context import EtcdTarget
 from elasticft.agent.restart_budget import NoProgress
-from elasticft.config import ConfigError, Settings
+from elasticft.config import ConfigError, Settings, flag_name
 from elasticft.contract.exit_codes import ExitCode
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.local_runs import LocalRuns, default_runs_dir
+from elasticft.megatron_bridge.mode import worker_environment as megatron_bridge_environment
 from elasticft.megatron_lm.mode import worker_environment as megatron_lm_environment
 from elasticft.planner.layout import NoLegalLayout
 from elasticft.rendezvous import plugin as torchrun_plugin
@@ -175,10 +176,16 @@ def run(args, settings: Settings) -> ExitCode:
     apply_slurm(args, settings, lambda: run_target(args))  # the etcd its agents share the time limit through
     rdzv_conf = _check_torchrun_args(args)
     _check_memory_tier(args, settings)
-    # Workers inherit the launcher's environment: eft's boot directory for a Megatron-LM script.
-    megatron_lm = megatron_lm_environment(settings.megatron_lm.megatron_lm, args.training_script,
-                                          args.training_script_args, args.module, args.no_python)
-    os.environ.update(megatron_lm)
+    # Workers inherit the launcher's environment: eft's boot directory for a Megatron-LM or Bridge script.
+    loop = megatron_bridge_environment(settings.megatron_lm.megatron_bridge, args.training_script, args.module,
+                                       args.no_python)
+    if loop and settings.memory.mem_ckpt_interval > 0:
+        log.warning("%s: the memory tier does not snapshot Megatron-Bridge's loop yet; this job's newest state "
+                    "is its disk saves (docs/megatron-bridge.md)", flag_name("mem_ckpt_interval"))
+    if not loop:
+        loop = megatron_lm_environment(settings.megatron_lm.megatron_lm, args.training_script,
+                                       args.training_script_args, args.module, args.no_python)
+    os.environ.update(loop)
     torchrun_plugin.register()
     embedded = noted = None
     try:

@@ -30,18 +30,24 @@ FORBIDDEN = {
     "elasticft.tui": ("elasticft.agent", "launcher"),
     "elasticft.torch_seam": ("elasticft.", "launcher"),
     "elasticft.megatron_seam": ("elasticft.", "launcher"),
+    "elasticft.bridge_seam": ("elasticft.", "launcher"),
     # the versions eft runs with, read before torch is imported: the standard library only
     "elasticft.versions": ("elasticft.", "launcher"),
     # inside a Megatron-LM worker: the worker's side of eft, Megatron's seam, the contract
     "elasticft.megatron_lm": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
                               "elasticft.health", "elasticft.store", "elasticft.memckpt",
                               "elasticft.config.settings", "launcher"),
+    # inside a Megatron-Bridge worker: Megatron-LM's mode (its boot, finder, shared loop parts), the seams
+    "elasticft.megatron_bridge": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
+                                  "elasticft.health", "elasticft.store", "elasticft.memckpt",
+                                  "elasticft.config.settings", "launcher"),
     "elasticft.config.knobs": ("elasticft.", "launcher"),
     # configuration: the knob machinery, one module per concern, Settings; over the contract alone
     "elasticft.config": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
                          "elasticft.health", "elasticft.worker", "elasticft.store", "elasticft.memckpt",
                          "elasticft.goodput", "elasticft.slurm", "elasticft.megatron_lm", "elasticft.periodic",
-                         "elasticft.torch_seam", "elasticft.megatron_seam", "launcher"),
+                         "elasticft.torch_seam", "elasticft.megatron_seam", "elasticft.megatron_bridge",
+                         "elasticft.bridge_seam", "launcher"),
     "elasticft.periodic": ("elasticft.", "launcher"),
     "elasticft.pdeathsig_exec": ("elasticft.", "launcher"),  # run by path: the standard library only
     "elasticft.goodput": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",

@@ -86,7 +86,7 @@ from elasticft.contract.events import EventKind
 from elasticft.contract.phases import RestartPhase
 from elasticft.contract.progress import read_progress
 from elasticft.contract.records import layout_record
-from elasticft.contract.run_dir import WorkerEnv
+from elasticft.contract.run_dir import TrainingLoop, WorkerEnv
 from elasticft.rendezvous.backend import hold_joins, rendezvous_round, share_node_lease, stand_aside_if_cut
 from elasticft.slurm.worker_env import slurm_worker_env
 
@@ -110,7 +110,8 @@ class FTElasticAgent(LocalElasticAgent):
         self._failed: RunResult | None = None  # the workers' last failure, for a job the budget ends
         self._excluded = False  # this node left the job (a straggler, or suspect)
         self._numerics: NumericsWatch | None = None  # made in run(), once the node id is known
-        self._planner = RoundPlanner.for_worker(spec.args, settings.planner)
+        bridge = os.environ.get(WorkerEnv.TRAINING_LOOP) == TrainingLoop.MEGATRON_BRIDGE  # set by eft-run (mode.py)
+        self._planner = RoundPlanner.for_worker(spec.args, settings.planner, bridge=bridge)
         self._warm = WarmPool(settings.start, self._run_dir, settings.ft.die_with_agent)  # --eft-warm-workers
         self._ckpt = CheckpointCoordinator(settings.ckpt, self._signal_workers, self._run_dir)
         # The monitor's last decision that stops the workers: read by the stop and

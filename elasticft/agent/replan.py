@@ -44,18 +44,25 @@ class RankAssignment:
 
 
 class RoundPlanner:
-    def __init__(self, facts: MegatronFacts, limits: PlannerConfig, worker_args: tuple):
+    def __init__(self, facts: MegatronFacts, limits: PlannerConfig, worker_args: tuple, rewrite_args: bool = True):
         self._facts = facts
+        # False for a Megatron-Bridge job: its recipe takes TP and PP from EFT_TP/EFT_PP
+        # (megatron_bridge/recipe.py), and Megatron-LM flags appended to its command would be
+        # read as its own arguments.
+        self._rewrite_args = rewrite_args
         self._policy = with_limits(facts.policy, limits)
         self._worker_args = tuple(worker_args)
         self.previous_tp = facts.tp
         self.current: Plan | None = None
 
     @classmethod
-    def for_worker(cls, worker_args: tuple, limits: PlannerConfig) -> "RoundPlanner | None":
-        """A planner if the job describes a Megatron model, else None (torchrun's ranks)."""
+    def for_worker(cls, worker_args: tuple, limits: PlannerConfig, bridge: bool = False) -> "RoundPlanner | None":
+        """A planner if the job describes a Megatron model, else None (torchrun's ranks).
+        ``bridge``: a Megatron-Bridge job, whose model only ``--eft-model-config`` describes."""
         if limits.model_config:
-            return cls(load_model_config(limits.model_config), limits, worker_args)
+            return cls(load_model_config(limits.model_config), limits, worker_args, rewrite_args=not bridge)
+        if bridge:
+            return None
         argv = [str(a) for a in worker_args]
         if not any(a.split("=", 1)[0] in _MODEL_FLAGS for a in argv):
             return None
@@ -78,6 +85,8 @@ class RoundPlanner:
         return RankAssignment(chosen, chosen.used_per_node[group_rank], first)
 
     def worker_args(self) -> tuple:
+        if not self._rewrite_args:
+            return self._worker_args
         return tuple(rewrite_megatron_args([str(a) for a in self._worker_args], self.current))
 
     def worker_env(self) -> dict[str, str]:

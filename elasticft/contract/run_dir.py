@@ -41,6 +41,14 @@ class WorkerEnv(enum.StrEnum):
     # "<pid>:<unix time>": a warm interpreter that ran the worker's command cold, in its own place
     # (same pid), became that worker then; the process itself started before the failure
     BECAME_WORKER = "EFT_BECAME_WORKER"
+    TRAINING_LOOP = "EFT_TRAINING_LOOP"  # whose loop eft enters (a TrainingLoop; unset: Megatron-LM's, if any)
+
+
+class TrainingLoop(enum.StrEnum):
+    """Whose training loop eft-run's boot directory attaches eft to (``WorkerEnv.TRAINING_LOOP``)."""
+
+    MEGATRON_LM = "megatron_lm"  # megatron.training.pretrain (elasticft/megatron_lm)
+    MEGATRON_BRIDGE = "megatron_bridge"  # megatron.bridge.training.pretrain (elasticft/megatron_bridge)
 
 
 class OutboxKind(enum.StrEnum):

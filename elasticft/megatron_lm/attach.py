@@ -20,7 +20,7 @@ from elasticft import megatron_seam as seam
 log = logging.getLogger(__name__)
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
+class AfterImport(importlib.abc.MetaPathFinder):
     """Finds nothing itself: wraps the real loader of ``name`` so ``then()`` runs after it."""
 
     def __init__(self, name: str, then):
@@ -50,12 +50,12 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 def install() -> None:
     """Attach to Megatron-LM's loop when this process imports it (idempotent)."""
-    if any(isinstance(f, _AfterImport) for f in sys.meta_path):
+    if any(isinstance(f, AfterImport) for f in sys.meta_path):
         return
     if seam.TRAINING in sys.modules:  # imported before site ran its course: attach now
         _attach(sys.modules[seam.TRAINING])
         return
-    sys.meta_path.insert(0, _AfterImport(seam.TRAINING, _attach))
+    sys.meta_path.insert(0, AfterImport(seam.TRAINING, _attach))
 
 
 def _attach(_module) -> None:
@@ -64,7 +64,7 @@ def _attach(_module) -> None:
 
     MegatronLoop().attach()
     watch_process_group()  # before Megatron's initialize: eft report's imports and process_group phases
-    seam.replace("compile_helpers", _skip_compile_when_shipped)
+    seam.replace("compile_helpers", skip_compile_when_shipped)
     seam.replace("ft_setup", _eft_in_place_of_nvrx)
 
 
@@ -79,7 +79,7 @@ def _eft_in_place_of_nvrx(_original):
     return setup
 
 
-def _skip_compile_when_shipped(original):
+def skip_compile_when_shipped(original):
     """megatron-core's wheel ships the dataset helper compiled but not its Makefile, and rank 0's
     ``make`` then fails and exits the job: run it only when the compiled helper is missing."""
     def compile_helpers():

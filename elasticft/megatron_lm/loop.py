@@ -117,7 +117,7 @@ class MegatronLoop:
             result = self.memory.restore(original, args, kwargs)
             if self.hook.numerics is not None:  # eft judges re-runs: Megatron's pending one is dropped
                 pending = seam.rerun_idle_after_resume(bool(result and result[0]))
-                if pending is not None and _first_rank():
+                if pending is not None and first_rank():
                     log.warning("eft: Megatron's rerun state machine was loaded in state %s; eft's numbers check "
                                 "re-runs the iteration and judges it instead", pending)
             return result
@@ -128,11 +128,11 @@ class MegatronLoop:
             call = seam.bound("train_step", args, kwargs)
             step = (call.get("iteration") or 0) + 1  # the iteration this step makes
             if self.injector is not None and self.injector.acts_on_losses:  # --eft-inject nan/poison/corrupt
-                args, kwargs = (), {**call, "forward_step_func": self._poisoned(call["forward_step_func"], step)}
+                args, kwargs = (), {**call, "forward_step_func": poisoned(self.injector, call["forward_step_func"], step)}
             result = list(original(*args, **kwargs))
             loss_dict, should_exit, exit_code, grad_norm = result[0], result[3], result[4], result[5]
-            self._loss = _scalar(loss_dict.get("lm loss")) if loss_dict else None
-            self._grad_norm = _scalar(grad_norm)
+            self._loss = scalar(loss_dict.get("lm loss")) if loss_dict else None
+            self._grad_norm = scalar(grad_norm)
             if should_exit and exit_code in RERUN_EXIT_CODES:
                 result[4] = self._rerun_verdict(step, exit_code)
             return tuple(result)
@@ -150,19 +150,6 @@ class MegatronLoop:
         log.warning("iteration %d: Megatron's rerun state machine exits %d; eft rolls back and re-runs it",
                     step, exit_code)
         return 0
-
-    def _poisoned(self, forward_step, step: int):
-        """``forward_step`` whose loss function's loss goes through the fault injector."""
-        injector = self.injector
-
-        def forward_step_with_faults(*args, **kwargs):
-            output, loss_func = forward_step(*args, **kwargs)
-
-            def loss_with_faults(*largs, **lkwargs):
-                result = loss_func(*largs, **lkwargs)
-                return (injector.loss(step, result[0]), *result[1:])
-            return output, loss_with_faults
-        return forward_step_with_faults
 
     def _decide(self, original):
         def checkpoint_and_decide_exit(*args, **kwargs):
@@ -200,7 +187,7 @@ class MegatronLoop:
                 result = original(*args, **kwargs)
             if self.hook is not None and _acknowledged(call, margs):
                 path = Path(seam.function(seam.CHECKPOINT_NAME)(margs.save, iteration, return_base_dir=True))
-                self._mark_complete(path, iteration)
+                mark_complete(path, iteration)
                 self.hook.saved(iteration, path, time.time() - started)
             return result
         return save_checkpoint_and_time
@@ -257,15 +244,28 @@ class MegatronLoop:
             self._saving = False
         self._saved = iteration
 
-    @staticmethod
-    def _mark_complete(path: Path, iteration: int) -> None:
-        """Rank 0, after Megatron's save returned (it ends with a barrier of all ranks)."""
-        if _first_rank() and path.is_dir():
-            write_atomically(path / COMPLETE_MARKER, json.dumps({"iteration": iteration, "time": time.time()}),
-                             durable=True)
+
+def poisoned(injector, forward_step, step: int):
+    """``forward_step`` whose loss function's loss goes through the fault injector (--eft-inject)."""
+    def forward_step_with_faults(*args, **kwargs):
+        output, loss_func = forward_step(*args, **kwargs)
+
+        def loss_with_faults(*largs, **lkwargs):
+            result = loss_func(*largs, **lkwargs)
+            return (injector.loss(step, result[0]), *result[1:])
+        return output, loss_with_faults
+    return forward_step_with_faults
 
 
-def _first_rank() -> bool:
+def mark_complete(path: Path, iteration: int) -> None:
+    """Rank 0, after the loop's save returned (Megatron's and Bridge's end with a barrier of all ranks):
+    the iteration's directory is complete, as ``CheckpointDir`` marks it."""
+    if first_rank() and path.is_dir():
+        write_atomically(path / COMPLETE_MARKER, json.dumps({"iteration": iteration, "time": time.time()}),
+                         durable=True)
+
+
+def first_rank() -> bool:
     import torch.distributed as dist
 
     return dist.get_rank() == 0
@@ -277,7 +277,7 @@ def _acknowledged(call: dict, margs) -> bool:
     return bool(margs.save) and not call.get("non_persistent_ckpt") and not getattr(margs, "async_save", False)
 
 
-def _scalar(value) -> float | None:
+def scalar(value) -> float | None:
     """A float from Megatron's reported value (a tensor, a (sum, count) pair, a number)."""
     if value is None:
         return None

@@ -34,7 +34,7 @@ def worker_environment(mode: str, script: str, script_args: list[str], module: b
                        no_python: bool = False) -> dict[str, str]:
     """The variables that put eft inside the script's loop ({}: the mode is off for it)."""
     flag = flag_name("megatron_lm")
-    entry = None if no_python or mode == "off" else _entry_file(script, module)
+    entry = None if no_python or mode == "off" else entry_file(script, module)
     if entry is None or not imports_megatron_training(entry):
         if "--enable-ft-package" in script_args:
             raise ConfigError(f"--enable-ft-package: NVRx's rank monitor needs NVRx's ft_launcher, and eft is not "
@@ -54,7 +54,7 @@ def worker_environment(mode: str, script: str, script_args: list[str], module: b
     return {"PYTHONPATH": path}
 
 
-def _entry_file(script: str, module: bool) -> Path | None:
+def entry_file(script: str, module: bool) -> Path | None:
     if not module:
         path = Path(script)
         return path if path.is_file() else None
@@ -70,6 +70,12 @@ def _entry_file(script: str, module: bool) -> Path | None:
 def imports_megatron_training(entry: Path) -> bool:
     """Whether ``entry``, or a module beside it that it imports (MAX_DEPTH deep), imports
     ``megatron.training``. Read with ``ast``: nothing is executed."""
+    return imports(entry, TARGET)
+
+
+def imports(entry: Path, target: str) -> bool:
+    """Whether ``entry``, or a module beside it that it imports (MAX_DEPTH deep), imports
+    ``target`` or a module under it. Read with ``ast``: nothing is executed."""
     seen: set[Path] = set()
     todo = [(entry.resolve(), 0)]
     while todo:
@@ -82,7 +88,7 @@ def imports_megatron_training(entry: Path) -> bool:
         except (OSError, SyntaxError, ValueError):
             continue
         for name in _imported(tree):
-            if name == TARGET or name.startswith(TARGET + "."):
+            if name == target or name.startswith(target + "."):
                 return True
             local = _beside(path.parent, name)
             if local is not None and depth < MAX_DEPTH:

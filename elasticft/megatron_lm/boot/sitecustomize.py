@@ -7,7 +7,9 @@ its ``__main__``. It does two things and imports nothing heavy:
 1. runs the ``sitecustomize`` this file shadows, if the environment has one (a site's own
    setup must not be lost to eft's);
 2. under eft-run (``EFT_RUN_DIR`` set), installs the finder that attaches eft to
-   Megatron's loop when the script imports ``megatron.training``.
+   Megatron's loop when the script imports ``megatron.training`` (or, where the launcher found
+   a Megatron-Bridge script, ``EFT_TRAINING_LOOP=megatron_bridge``, Bridge's loop when it imports
+   ``megatron.bridge.training.pretrain``).
 """
 
 import importlib.machinery
@@ -28,9 +30,14 @@ def _run_shadowed() -> None:
 
 _run_shadowed()
 if os.environ.get("EFT_RUN_DIR"):
+    _bridge = os.environ.get("EFT_TRAINING_LOOP") == "megatron_bridge"  # contract.run_dir.TrainingLoop
     try:
-        from elasticft.megatron_lm.attach import install
+        if _bridge:
+            from elasticft.megatron_bridge.attach import install
+        else:
+            from elasticft.megatron_lm.attach import install
     except ImportError as exc:  # eft not importable by this interpreter: the script runs without it
-        print(f"eft: not attaching to Megatron-LM's loop: {exc}", file=sys.stderr, flush=True)
+        print(f"eft: not attaching to {'Megatron-Bridge' if _bridge else 'Megatron-LM'}'s loop: {exc}",
+              file=sys.stderr, flush=True)
     else:
         install()

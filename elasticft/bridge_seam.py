@@ -1,0 +1,174 @@
+"""The one module that touches Megatron-Bridge's internals.
+
+Megatron-Bridge (``megatron.bridge``, NVIDIA's recipe-based trainer) runs a training loop of its
+own, ``megatron.bridge.training.train``, whose call sites match those eft wraps in
+Megatron-LM's: ``train``, ``train_step`` (the same 8-tuple), ``checkpoint_and_decide_exit`` and
+``save_checkpoint_and_time``. eft enters an unmodified Bridge script there
+(``elasticft.megatron_bridge``). Those functions are Bridge's internals, not an API it promises
+to keep, so every one of them is listed here, with the parameters eft's wrappers read, and
+nowhere else:
+
+* ``SITES``: each call site (module, function, parameters), and the modules that import it by
+  name (``pretrain.py`` has its own ``train``: replacing ``train.py``'s attribute alone is not
+  enough);
+* ``problems()``: what the installed Bridge lacks of them, in words;
+* ``replace(site, make)``: the one place a Bridge function is swapped for a wrapper.
+
+``tests/megatron_bridge/test_bridge_seam.py`` checks every site against the installed Bridge, so
+an upgrade that renames or reshapes one fails there. Importing this module imports nothing of
+Bridge's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+import elasticft.versions as versions
+
+TRAIN = "megatron.bridge.training.train"
+PRETRAIN = "megatron.bridge.training.pretrain"
+
+
+@dataclass(frozen=True)
+class Site:
+    """A module-level function of Bridge's that eft wraps or calls."""
+
+    module: str
+    name: str
+    params: tuple[str, ...] = ()  # parameters eft's wrapper reads by name, or passes
+    imported_by: tuple[str, ...] = ()  # modules that hold the function under the same name (from-imports)
+
+    def __str__(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+SITES = {
+    # The entry a recipe script calls: its ConfigContainer is where a re-plan's TP and PP go.
+    "pretrain": Site(PRETRAIN, "pretrain", ("config", "forward_step_func")),
+    # _pretrain calls it once, after setup (model, optimizer, checkpoint, data).
+    "train": Site(TRAIN, "train", ("forward_step_func", "model", "optimizer", "scheduler", "global_state",
+                                   "checkpoint_manager"), imported_by=(PRETRAIN,)),
+    # One iteration; returns (loss_dict, skipped, should_checkpoint, should_exit, exit_code, grad_norm, ...).
+    "train_step": Site(TRAIN, "train_step", ("forward_step_func", "data_iterator", "model", "optimizer",
+                                             "global_state")),
+    # The loop's per-iteration decision point: save (periodic, signal) and whether to exit.
+    "checkpoint_and_decide_exit": Site(TRAIN, "checkpoint_and_decide_exit", (
+        "state", "model", "optimizer", "opt_param_scheduler", "num_floating_point_operations_so_far",
+        "checkpoint_manager", "train_data_iterator")),
+    # Every save of the loop goes through it (periodic, signal, exit, end of training).
+    "save_checkpoint_and_time": Site(TRAIN, "save_checkpoint_and_time", (
+        "state", "model", "optimizer", "opt_param_scheduler", "num_floating_point_operations_so_far",
+        "checkpoint_manager", "non_persistent_ckpt", "train_data_iterator")),
+    # Rank 0 runs `make` for megatron-core's dataset helper even when the wheel ships it compiled;
+    # Bridge's initialize imported the function by name.
+    "compile_helpers": Site("megatron.core.datasets.utils", "compile_helpers",
+                            imported_by=("megatron.bridge.training.initialize",)),
+}
+# Called, not wrapped: an iteration's checkpoint directory.
+CHECKPOINT_NAME = Site("megatron.bridge.training.utils.checkpoint_utils", "get_checkpoint_name",
+                       ("checkpoints_path", "iteration"))
+CALLED = (CHECKPOINT_NAME,)
+
+# The ConfigContainer's fields eft reads or sets (dotted: section.field).
+TP = "model.tensor_model_parallel_size"
+PP = "model.pipeline_model_parallel_size"
+SAVE_DIR = "checkpoint.save"
+LOAD_DIR = "checkpoint.load"
+SAVE_INTERVAL = "checkpoint.save_interval"
+ASYNC_SAVE = "checkpoint.async_save"
+DISTRIBUTED_OPTIMIZER = "optimizer.use_distributed_optimizer"
+FULLY_RESHARDABLE = "checkpoint.dist_ckpt_optim_fully_reshardable"
+FT = "ft"  # FaultToleranceConfig: NVRx's rank monitor (ft_launcher only), None when off
+FT_ENABLED = "enable_ft_package"
+CONFIG_FIELDS = (TP, PP, SAVE_DIR, LOAD_DIR, SAVE_INTERVAL, ASYNC_SAVE, DISTRIBUTED_OPTIMIZER, FULLY_RESHARDABLE)
+# GlobalState: the iteration the loop has finished (train_state.step), and the config.
+STEP = "train_state.step"
+CONFIG = "cfg"
+
+
+class BridgeSeamError(versions.SeamError):
+    """The installed Megatron-Bridge no longer has a name or parameter eft relies on."""
+
+
+def installed_version() -> str | None:
+    """Megatron-Bridge's version without importing it (None: not installed)."""
+    return versions.installed(versions.MEGATRON_BRIDGE)
+
+
+def function(site: Site) -> Callable:
+    """The function at ``site`` now (the wrapper, once replaced)."""
+    return getattr(importlib.import_module(site.module), site.name)
+
+
+def problems() -> list[str]:
+    """What the installed Bridge lacks of the sites and fields eft uses (empty: all there)."""
+    found = []
+    for site in (*SITES.values(), *CALLED):
+        try:
+            target = function(site)
+        except (ImportError, AttributeError) as exc:
+            found.append(f"{site}: {exc}")
+            continue
+        params = inspect.signature(inspect.unwrap(target)).parameters
+        missing = [p for p in site.params if p not in params]
+        if missing:
+            found.append(f"{site}: no parameter {', '.join(missing)}")
+    try:
+        config = importlib.import_module("megatron.bridge.training.config")
+        for dotted in CONFIG_FIELDS:
+            section, field = dotted.split(".")
+            holder = {"model": "GPTModelProvider"}.get(section)
+            cls = (getattr(importlib.import_module("megatron.bridge.models.gpt_provider"), holder) if holder
+                   else getattr(config, f"{section.capitalize()}Config"))
+            if field not in getattr(cls, "__dataclass_fields__", {}):
+                found.append(f"{cls.__name__} has no field {field} ({dotted})")
+        if FT_ENABLED not in config.FaultToleranceConfig.__dataclass_fields__:
+            found.append(f"FaultToleranceConfig has no field {FT_ENABLED}")
+    except (ImportError, AttributeError) as exc:
+        found.append(f"megatron.bridge.training.config: {exc}")
+    return found
+
+
+def replace(name: str, make: Callable[[Callable], Callable]) -> Callable:
+    """Swap the function of ``SITES[name]`` for ``make(original)`` in its module and in every
+    module that imported it by name; the original. Wrappers keep ``__wrapped__``."""
+    site = SITES[name]
+    module = importlib.import_module(site.module)
+    original = getattr(module, site.name, None)
+    if original is None:
+        raise BridgeSeamError(f"{site} is gone; eft's Bridge seam (elasticft/bridge_seam.py) needs updating")
+    _signatures[name] = inspect.signature(original)
+    wrapper = make(original)
+    wrapper.__wrapped__ = original
+    setattr(module, site.name, wrapper)
+    for other in site.imported_by:
+        holder = importlib.import_module(other)
+        if getattr(holder, site.name, None) is original:
+            setattr(holder, site.name, wrapper)
+    return original
+
+
+def bound(name: str, args: tuple, kwargs: dict) -> dict:
+    """A call of ``SITES[name]``'s original, its arguments by parameter name."""
+    return dict(_signatures[name].bind_partial(*args, **kwargs).arguments)
+
+
+def get(obj, dotted: str):
+    """``obj``'s attribute at a dotted path (a ConfigContainer's ``model.tensor_model_parallel_size``)."""
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def put(obj, dotted: str, value) -> None:
+    """Set ``obj``'s attribute at a dotted path."""
+    *parents, last = dotted.split(".")
+    for part in parents:
+        obj = getattr(obj, part)
+    setattr(obj, last, value)
+
+
+_signatures: dict[str, inspect.Signature] = {}  # the originals' signatures, by site name

@@ -1,0 +1,219 @@
+"""eft inside Megatron-Bridge's own training loop, through the loop's call sites.
+
+``BridgeLoop.attach()`` replaces Bridge's loop functions (through ``elasticft.bridge_seam``, the
+one place that knows their names) with wrappers that call the originals, as
+``megatron_lm.loop`` does for Megatron-LM's:
+
+* ``pretrain``: the recipe's ConfigContainer, before Bridge reads it: the re-plan's TP and PP
+  and eft's place of NVRx (``recipe.py``);
+* ``train``: the loop's start and end. All ranks make eft's ``Hook`` here (a collective, after
+  Bridge's setup made the process groups, the model, the optimizer and loaded the checkpoint),
+  and close it when the loop returns or exits;
+* ``train_step``: keeps the step's ``lm loss`` and gradient norm for the numbers check, and
+  puts ``--eft-inject``'s loss faults into the step's loss function;
+* ``checkpoint_and_decide_exit``: the per-iteration decision point. eft's vote (``hook.step``)
+  runs first; a save it asks for is Bridge's own ``save_checkpoint_and_time``, at the same
+  iteration on every rank; a save-and-exit or a rollback returns True, so the loop leaves the way
+  it does for ``train.exit_interval`` (the agent reads why from the heartbeat). Then Bridge's own
+  decision runs (periodic saves, its signal handler, its exit conditions);
+* ``save_checkpoint_and_time``: every save of the loop is timed as the ``checkpointing``
+  section, marked complete (``.complete`` in the iteration's directory, once every rank has
+  written) and acknowledged to the agent.
+
+megatron-core's pipeline schedules' ``forward_step`` and ``backward_step``, which Bridge's step
+runs, are timed as the rank's own work for straggler detection (``megatron_lm.work``), through
+megatron-core's seam. Under plain torchrun nothing here runs: the agent arranges it (``mode.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+from elasticft import bridge_seam as seam
+from elasticft import megatron_seam
+from elasticft.megatron_bridge import recipe
+from elasticft.megatron_lm.loop import RERUN_EXIT_CODES, first_rank, mark_complete, poisoned, scalar
+from elasticft.megatron_lm.work import StepWork
+
+log = logging.getLogger(__name__)
+
+
+class BridgeLoop:
+    """eft's per-iteration duties, fed by Bridge's loop (one per worker process)."""
+
+    def __init__(self):
+        self.hook = None  # made by every rank at train()'s start
+        self.injector = None  # --eft-inject faults that act between iterations
+        self._loss: float | None = None  # the last train_step's, until the vote takes it
+        self._grad_norm: float | None = None
+        self._saved: int | None = None  # the iteration eft's vote just saved (no second save of it)
+        self._saving = False  # inside a save the vote asked for (the hook timed it already)
+        self._decided: int | None = None  # the iteration just decided on, until the next step's first micro batch
+        self.work = StepWork()
+
+    def attach(self) -> "BridgeLoop":
+        seam.replace("pretrain", self._pretrain)
+        seam.replace("train", self._train)
+        seam.replace("train_step", self._train_step)
+        seam.replace("checkpoint_and_decide_exit", self._decide)
+        seam.replace("save_checkpoint_and_time", self._save)
+        megatron_seam.replace("forward_step", self._timed)
+        megatron_seam.replace("backward_step", self._timed)
+        return self
+
+    # -- wrappers ----------------------------------------------------------------------
+
+    def _pretrain(self, original):
+        def pretrain(*args, **kwargs):
+            recipe.apply(seam.bound("pretrain", args, kwargs)["config"])
+            return original(*args, **kwargs)
+        return pretrain
+
+    def _train(self, original):
+        def train(*args, **kwargs):
+            self._start(seam.bound("train", args, kwargs)["global_state"])
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.hook.close()
+        return train
+
+    def _timed(self, original):
+        def timed(*args, **kwargs):
+            if self.hook is None:  # evaluation before the loop, or plain torchrun
+                return original(*args, **kwargs)
+            if self._decided is not None:  # --eft-inject rank_hung: mid-step, once a step (its first micro batch)
+                decided, self._decided = self._decided, None
+                self.injector.in_step(decided)
+            with self.work.block():
+                return original(*args, **kwargs)
+        return timed
+
+    def _train_step(self, original):
+        def train_step(*args, **kwargs):
+            call = seam.bound("train_step", args, kwargs)
+            step = seam.get(call["global_state"], seam.STEP) + 1  # the iteration this step makes
+            if self.injector is not None and self.injector.acts_on_losses:  # --eft-inject nan/poison/corrupt
+                args, kwargs = (), {**call, "forward_step_func": poisoned(self.injector, call["forward_step_func"],
+                                                                          step)}
+            result = list(original(*args, **kwargs))
+            loss_dict, should_exit, exit_code, grad_norm = result[0], result[3], result[4], result[5]
+            self._loss = scalar(loss_dict.get("lm loss")) if loss_dict else None
+            self._grad_norm = scalar(grad_norm)
+            if should_exit and exit_code in RERUN_EXIT_CODES and self.hook is not None:
+                action = self._vote(step, loss=float("nan"), vote=True)  # every rank: the machine decides for all
+                if action.rollback:
+                    log.warning("iteration %d: Megatron's rerun state machine exits %d; eft rolls back and "
+                                "re-runs it", step, exit_code)
+                    result[4] = 0
+            return tuple(result)
+        return train_step
+
+    def _decide(self, original):
+        def checkpoint_and_decide_exit(*args, **kwargs):
+            call = seam.bound("checkpoint_and_decide_exit", args, kwargs)
+            iteration = seam.get(call["state"], seam.STEP)
+            action = self._vote(iteration, loss=self._loss, grad_norm=self._grad_norm)
+            self._loss = self._grad_norm = None
+            if action.rollback:  # bad numbers: no save of this state; the agent restarts from the last good one
+                log.warning("iteration %d: bad numbers; stopping to re-run it from the last good state", iteration)
+                return True
+            if action.save:
+                self._save_now(call, iteration)
+            if action.exit:
+                return True
+            should_exit = original(*args, **kwargs)
+            if not should_exit:
+                self.injector.after_iteration(iteration, in_step=True)
+                self._decided = iteration
+            return should_exit
+        return checkpoint_and_decide_exit
+
+    def _save(self, original):
+        def save_checkpoint_and_time(*args, **kwargs):
+            call = seam.bound("save_checkpoint_and_time", args, kwargs)
+            state = call["state"]
+            iteration = seam.get(state, seam.STEP)
+            if iteration == self._saved:
+                return None  # eft's vote saved this iteration a moment ago (Bridge's interval hit it too)
+            started = time.time()
+            timed = contextlib.nullcontext() if self._saving or self.hook is None else self.hook.section("checkpointing")
+            with timed:
+                result = original(*args, **kwargs)
+            config = seam.get(state, seam.CONFIG)
+            if self.hook is not None and _acknowledged(call, config):
+                path = Path(seam.function(seam.CHECKPOINT_NAME)(seam.get(config, seam.SAVE_DIR), iteration))
+                mark_complete(path, iteration)
+                self.hook.saved(iteration, path, time.time() - started)
+            return result
+        return save_checkpoint_and_time
+
+    # -- the parts -----------------------------------------------------------------------
+
+    def _vote(self, iteration: int, **numbers):
+        worked = self.work.take()
+        if worked is not None:
+            self.hook.worked(worked)
+        return self.hook.step(iteration, **numbers)
+
+    def _start(self, state) -> None:
+        """Every rank, once the loop is about to begin: the hook and the fault injector."""
+        import torch
+        import torch.distributed as dist
+
+        from elasticft.worker.hook import Hook
+        from elasticft.worker.inject import FaultInjector
+
+        config = seam.get(state, seam.CONFIG)
+        # On a GPU the vote goes over gloo, so it does not synchronise the device every iteration.
+        group = dist.new_group(backend="gloo") if torch.cuda.is_available() else None
+        loaded = seam.get(state, seam.STEP) or None
+        self.hook = Hook(save_interval=seam.get(config, seam.SAVE_INTERVAL), last_saved_iteration=loaded, group=group)
+        self.injector = FaultInjector.from_env()
+        self._resumed(config, loaded)
+        if first_rank():
+            log.warning("eft is in Megatron-Bridge's training loop (resuming after iteration %s)", loaded or 0)
+
+    def _resumed(self, config, loaded: int | None) -> None:
+        """Bridge's setup loaded ``loaded`` (None: a start from scratch) from its checkpoint directory:
+        the load phase ends (eft report), and local rank 0 tells its agent where the workers resumed."""
+        if self.hook.inert:
+            return
+        import os
+
+        from elasticft.contract.run_dir import OutboxKind
+        from elasticft.worker import phases
+        from elasticft.worker.relay import Outbox
+
+        load_dir = seam.get(config, seam.LOAD_DIR)
+        path = str(seam.function(seam.CHECKPOINT_NAME)(load_dir, loaded)) if loaded and load_dir else None
+        source = "disk" if loaded else "none"
+        phases.loaded(source, path)
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            Outbox(self.hook.run_dir).send({"type": OutboxKind.RESTORED, "iteration": loaded, "source": source,
+                                            "path": path, "reached": None, "read": None})
+
+    def _save_now(self, call: dict, iteration: int) -> None:
+        """The save eft's vote asked for: Bridge's own, through the loop's save function."""
+        config = seam.get(call["state"], seam.CONFIG)
+        if not seam.get(config, seam.SAVE_DIR):
+            log.warning("iteration %d: asked to save but the recipe has no checkpoint.save", iteration)
+            return
+        save = seam.function(seam.SITES["save_checkpoint_and_time"])
+        self._saving = True
+        try:
+            save(call["state"], call["model"], call["optimizer"], call["opt_param_scheduler"],
+                 call["num_floating_point_operations_so_far"], call["checkpoint_manager"],
+                 train_data_iterator=call.get("train_data_iterator"))
+        finally:
+            self._saving = False
+        self._saved = iteration
+
+
+def _acknowledged(call: dict, config) -> bool:
+    """A save eft can call complete when the function returns: persistent and synchronous."""
+    return (bool(seam.get(config, seam.SAVE_DIR)) and not call.get("non_persistent_ckpt")
+            and not seam.get(config, seam.ASYNC_SAVE))

@@ -1,0 +1,137 @@
+"""An unmodified Megatron-Bridge recipe script (pretrain_bridge.py: a ConfigContainer, Hydra-style
+overrides, Bridge's own pretrain loop) under eft-run: eft's saves are Bridge's saves, its exits
+eft's exit codes, its hangs and bad numbers eft's restarts; under plain torchrun the same script
+trains as if eft did not exist.
+
+Real parts: Bridge's loop, torch_dist checkpoints, gloo ranks, an embedded etcd; the CPU
+emulation (cpu_emulation.py) stands in for the GPU (and for the one Transformer Engine import
+Bridge makes whatever the recipe).
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from bench.launch import Launched, wait_for
+from bench.megatron_lm import ENV
+from elasticft.contract.checkpoints import TRACKER
+from tests.megatron_lm.test_megatron_lm_e2e import RESUMED, complete, grad_norms, leftovers
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+SCRIPT = Path(__file__).with_name("pretrain_bridge.py")
+EFT_RUN = [sys.executable, "-m", "launcher.eft_run", "--standalone", "--nproc-per-node", "2",
+           "--monitor-interval", "0.1", "--eft-health-source", "none"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+
+
+def start(tmp_path: Path, launcher: list, *overrides, name: str, env: dict | None = None) -> Launched:
+    """The recipe script under ``launcher`` with Hydra-style overrides; every process of the job
+    carries ``tmp_path`` in EFT_TEST_JOB."""
+    return Launched([*map(str, launcher), str(SCRIPT), *map(str, overrides)], tmp_path / f"{name}.log",
+                    env={**ENV, "EFT_TEST_JOB": str(tmp_path), **(env or {})})
+
+
+def newest(job: Launched) -> int:
+    return max(grad_norms(job.output()), default=0)
+
+
+def same_numbers(log: str, plain_log: str) -> bool:
+    norms, expected = grad_norms(log), grad_norms(plain_log)
+    return [round(norms.get(i, -1), 3) for i in expected] == [round(expected[i], 3) for i in expected]
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """The script under plain torchrun: the numbers eft's runs must reproduce."""
+    tmp_path = tmp_path_factory.mktemp("plain")
+    ckpt = tmp_path / "ckpt"
+    job = start(tmp_path, TORCHRUN, f"checkpoint.save={ckpt}", "train.train_iters=6",
+                "checkpoint.save_interval=3", name="torchrun")
+    assert job.wait(240) == 0, job.output()[-3000:]
+    for line in leftovers(tmp_path):  # torchrun leaves the save's spawn helpers behind: not on this machine
+        try:
+            psutil.Process(int(line.split()[0])).kill()
+        except psutil.NoSuchProcess:
+            pass
+    return job.output(), ckpt
+
+
+def test_under_plain_torchrun_the_recipe_trains_as_if_eft_did_not_exist(plain):
+    log, ckpt = plain
+    assert sorted(grad_norms(log)) == [1, 2, 3, 4, 5, 6]
+    assert "eft:" not in log
+    assert (ckpt / TRACKER).read_text().strip() == "6"
+    assert sorted(p.name for p in ckpt.glob("iter_*")) == ["iter_0000003", "iter_0000006"]
+    assert complete(ckpt) == []  # nobody but eft writes the marker
+
+
+def test_eft_ckpt_save_saves_through_bridge_and_training_goes_on_then_sigusr1_saves_and_exits_4(tmp_path, plain):
+    """`eft ckpt save`: every rank saves one iteration through Bridge's save, marked complete and
+    acknowledged, and training goes on with plain torchrun's numbers; SIGUSR1 (SLURM's warning
+    before the time limit): every rank saves the same iteration and eft-run exits 4 for a requeue,
+    no process of the job left."""
+    ckpt = tmp_path / "ckpt"
+    job = start(tmp_path, EFT_RUN, f"checkpoint.save={ckpt}", "train.train_iters=500",
+                "checkpoint.save_interval=1000", name="ckpt-save")
+    wait_for(lambda: newest(job) >= 2 or job.proc.poll() is not None, 240, "iteration 2")
+    endpoint, run_id = re.search(r"embedded etcd on (\S+) \(run id (\S+)\)", job.output()).groups()
+    asked = subprocess.run([sys.executable, "-m", "launcher.cli", "ckpt", "save", "--endpoint", endpoint,
+                            "--run-id", run_id], capture_output=True, text=True, timeout=60)
+    assert asked.returncode == 0, asked.stderr
+    (saved,) = wait_for(lambda: complete(ckpt), 120, "the requested checkpoint")
+    wait_for(lambda: newest(job) >= max(saved + 2, 6) or job.proc.poll() is not None, 120, "training past the save")
+    os.kill(job.proc.pid, signal.SIGUSR1)
+    assert job.wait(120) == 4, job.output()[-3000:]
+    log = job.output()
+    last = newest(job)
+    assert complete(ckpt) == [saved, last] and (ckpt / TRACKER).read_text().strip() == str(last)
+    assert re.search(rf"checkpoint of iteration {saved} complete at .*iter_{saved:07d}", log)  # the agent's ack
+    assert "the workers saved and stopped (signal): exit status 4, requeue to go on" in log
+    assert same_numbers(log, plain[0])
+    assert leftovers(tmp_path) == []
+
+
+def test_an_ft_launcher_command_line_runs_with_its_section_timeouts_in_force(tmp_path, plain):
+    """ft_launcher's flags and the recipe's NVRx fault tolerance on (ft.enable_ft_package), only the
+    launcher renamed: eft turns NVRx's rank monitor off in one line, a rank hung inside a step is
+    caught by ft_launcher's step timeout, its stacks are logged, and the job resumes from the last
+    save with an uninterrupted run's numbers."""
+    ckpt = tmp_path / "ckpt"
+    ft_launcher = ["--ft-param-rank_section_timeouts=setup:600,step:10,checkpointing:420",
+                   "--ft-param-rank_out_of_section_timeout=300", "--max-restarts", "1"]
+    job = start(tmp_path, [*EFT_RUN, *ft_launcher, "--eft-inject", "rank_hung:1@4"], f"checkpoint.save={ckpt}",
+                "train.train_iters=6", "checkpoint.save_interval=3", "ft.enable_ft_package=true", name="hang")
+    assert job.wait(300) == 0, job.output()[-3000:]
+    log = job.output()
+    assert "ft.enable_ft_package off: eft times Bridge's sections in place of NVRx's rank monitor" in log
+    assert re.search(r"hang: rank 1 .*section 'step' for [0-9.]+ s, after iteration [34] \(timeout 10 s\)", log)
+    assert "forward_backward_no_pipelining" in log  # hung inside the step: megatron-core's schedule in its stack
+    ((resumed, source, redone),) = RESUMED.findall(log)
+    assert (resumed, source) == ("3", "disk") and int(redone) in (0, 1)
+    assert complete(ckpt) == [3, 6]
+    assert same_numbers(log, plain[0])
+    assert leftovers(tmp_path) == []
+
+
+def test_a_nan_is_rolled_back_re_run_and_the_job_finishes_with_the_uninterrupted_numbers(tmp_path, plain):
+    """A NaN injected once into a step's loss: eft's numbers check (or Megatron's rerun state
+    machine, which Bridge runs) stops the job without saving that state, the agent restarts it
+    from the last good save (uncharged: --max-restarts 0), the re-run is a transient fault, and
+    every step's numbers are the uninterrupted run's."""
+    ckpt = tmp_path / "ckpt"
+    job = start(tmp_path, [*EFT_RUN, "--max-restarts", "0", "--eft-inject", "nan:0@5"], f"checkpoint.save={ckpt}",
+                "train.train_iters=6", "checkpoint.save_interval=3", name="nan")
+    assert job.wait(300) == 0, job.output()[-3000:]
+    log = job.output()
+    assert "iteration 5 re-run is good: a transient fault" in log, log[-3000:]
+    assert re.search(r"restart cycle of round \d+ \(rollback\)", log)
+    assert complete(ckpt) == [3, 6]
+    assert same_numbers(log, plain[0])
+    assert leftovers(tmp_path) == []
