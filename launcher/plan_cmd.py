@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from elasticft import bridge_seam
 from elasticft.config import PlannerConfig, env_name
 from elasticft.planner.layout import (
     BatchFacts,
@@ -69,10 +70,20 @@ def _ranges(ranks: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
-def print_plan(chosen: Plan) -> None:
+def recipe_fields(chosen: Plan) -> dict[str, int]:
+    """What eft-run sets in a Megatron-Bridge recipe's ConfigContainer for this plan
+    (megatron_bridge/recipe.py, at ``pretrain``)."""
+    return {bridge_seam.TP: chosen.tp, bridge_seam.PP: chosen.pp}
+
+
+def print_plan(chosen: Plan, bridge: bool = False) -> None:
     console = Console(highlight=False, soft_wrap=True)
     vp = f" VP={chosen.vp}" if chosen.vp else ""
     console.print(f"layout  TP={chosen.tp} PP={chosen.pp} DP={chosen.dp}{vp}")
+    if bridge:
+        fields = ", ".join(f"{name}={value}" for name, value in recipe_fields(chosen).items())
+        console.print(f"recipe  {fields} (eft-run sets them in the recipe's ConfigContainer at pretrain, "
+                      "from EFT_TP and EFT_PP; DP follows from the world size; the command line is left as it is)")
     console.print(f"used    {chosen.used} of {chosen.world} GPUs")
     if chosen.spare:
         idle = chosen.spare_nodes
@@ -132,6 +143,9 @@ def plan_command(
     min_dp: int = _knob_option("min_dp"),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     show_all: bool = typer.Option(False, "--all", help="also list every legal layout"),
+    megatron_bridge: bool = typer.Option(
+        False, "--megatron-bridge", help="a Megatron-Bridge recipe's job: also say what eft-run sets in its "
+        "ConfigContainer"),
 ) -> None:
     """Show the TP×PP×DP layout eft-run would choose, and the spare ranks."""
     try:
@@ -170,9 +184,11 @@ def plan_command(
         if "layouts" in out:
             out["layouts"] = [dict(lay, used=lay["tp"] * lay["pp"] * lay["dp"])
                               for lay in out["layouts"]]
+        if megatron_bridge:
+            out["recipe"] = recipe_fields(chosen)
         typer.echo(json.dumps(out))
     else:
-        print_plan(chosen)
+        print_plan(chosen, megatron_bridge)
 
 
 def register(app: typer.Typer) -> None:

@@ -66,10 +66,11 @@ def test_a_bad_mode_value_is_one_line_naming_the_flag(tmp_path):
     assert "Traceback" not in done.stderr
 
 
-def config(tp=2, pp=1, ft=None):
+def config(tp=2, pp=1, ft=None, distributed_optimizer=False, fully_reshardable=False):
     """The parts of a ConfigContainer recipe.apply touches."""
     return SimpleNamespace(model=SimpleNamespace(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp),
-                           ft=ft)
+                           ft=ft, optimizer=SimpleNamespace(use_distributed_optimizer=distributed_optimizer),
+                           checkpoint=SimpleNamespace(dist_ckpt_optim_fully_reshardable=fully_reshardable))
 
 
 def test_the_plans_tp_and_pp_go_into_the_recipe_and_nvrxs_rank_monitor_is_turned_off(monkeypatch, capsys):
@@ -83,6 +84,15 @@ def test_the_plans_tp_and_pp_go_into_the_recipe_and_nvrxs_rank_monitor_is_turned
     assert changes == ["model.tensor_model_parallel_size 2 -> 1 (eft's plan)",
                        "ft.enable_ft_package off: eft times Bridge's sections in place of NVRx's rank monitor"]
     assert capsys.readouterr().out.count("eft: the recipe's ConfigContainer:") == 1
+
+
+def test_a_new_tp_with_a_dp_reshardable_optimizer_says_which_field_lets_the_checkpoint_load(monkeypatch):
+    monkeypatch.setenv("EFT_TP", "1")
+    monkeypatch.setenv("EFT_PP", "1")
+    changes = recipe.apply(config(tp=2, distributed_optimizer=True))
+    assert changes[-1].endswith("(set checkpoint.dist_ckpt_optim_fully_reshardable=true in the recipe)")
+    assert len(recipe.apply(config(tp=2, distributed_optimizer=True, fully_reshardable=True))) == 1
+    assert recipe.apply(config(tp=1, distributed_optimizer=True)) == []  # the same layout: nothing to say
 
 
 def test_without_a_plan_the_recipe_is_left_as_it_is(monkeypatch, capsys):
@@ -121,3 +131,20 @@ def test_the_bridge_seam_names_only_what_it_checks():
     assert set(recipe.LAYOUT_ENV) <= set(bridge_seam.CONFIG_FIELDS)
     assert {bridge_seam.SAVE_DIR, bridge_seam.LOAD_DIR, bridge_seam.SAVE_INTERVAL,
             bridge_seam.ASYNC_SAVE} <= set(bridge_seam.CONFIG_FIELDS)
+
+
+def test_eft_plan_says_which_recipe_fields_eft_run_sets_for_a_bridge_job():
+    from typer.testing import CliRunner
+
+    from launcher.cli import app
+
+    args = ["plan", "--nodes", "8,8", "--num-layers", "32", "--num-attention-heads", "32", "--hidden-size", "4096",
+            "--seq-length", "4096", "--global-batch-size", "64", "--micro-batch-size", "1",
+            "--memory-per-gpu-gb", "40", "--json"]
+    plain = json.loads(CliRunner().invoke(app, args).stdout)
+    bridge = json.loads(CliRunner().invoke(app, [*args, "--megatron-bridge"]).stdout)
+    assert "recipe" not in plain and plain["tp"] > 1
+    assert bridge["recipe"] == {"model.tensor_model_parallel_size": plain["tp"],
+                                "model.pipeline_model_parallel_size": plain["pp"]}
+    text = CliRunner().invoke(app, [*args[:-1], "--megatron-bridge"]).stdout
+    assert f"recipe  model.tensor_model_parallel_size={plain['tp']}, model.pipeline_model_parallel_size=" in text

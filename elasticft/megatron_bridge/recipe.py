@@ -36,6 +36,9 @@ def apply(config) -> list[str]:
         if current != int(wanted):
             seam.put(config, field, int(wanted))
             changes.append(f"{field} {current} -> {wanted} (eft's plan)")
+    if changes and _dp_reshardable_only(config):
+        changes.append(f"the distributed optimizer's state is saved dp_reshardable: a checkpoint saved at another "
+                       f"TP or PP will not load (set {seam.FULLY_RESHARDABLE}=true in the recipe)")
     ft = getattr(config, seam.FT, None)
     if ft is not None and getattr(ft, seam.FT_ENABLED, False):
         setattr(ft, seam.FT_ENABLED, False)
@@ -43,6 +46,11 @@ def apply(config) -> list[str]:
     if changes and _first_rank():
         print(f"eft: the recipe's ConfigContainer: {'; '.join(changes)}", flush=True)
     return changes
+
+
+def _dp_reshardable_only(config) -> bool:
+    """Whether the recipe's checkpoints reshard DP only (Megatron's rule: ``planner.megatron_args.reshard_rule``)."""
+    return bool(seam.get(config, seam.DISTRIBUTED_OPTIMIZER)) and not seam.get(config, seam.FULLY_RESHARDABLE)
 
 
 def _first_rank() -> bool:
