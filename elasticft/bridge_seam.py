@@ -78,12 +78,14 @@ PP = "model.pipeline_model_parallel_size"
 SAVE_DIR = "checkpoint.save"
 LOAD_DIR = "checkpoint.load"
 SAVE_INTERVAL = "checkpoint.save_interval"
+TRAIN_ITERS = "train.train_iters"
+EXIT_INTERVAL = "train.exit_interval"
 ASYNC_SAVE = "checkpoint.async_save"
 DISTRIBUTED_OPTIMIZER = "optimizer.use_distributed_optimizer"
 FULLY_RESHARDABLE = "checkpoint.dist_ckpt_optim_fully_reshardable"
 FT = "ft"  # FaultToleranceConfig: NVRx's rank monitor (ft_launcher only), None when off
 FT_ENABLED = "enable_ft_package"
-CONFIG_FIELDS = (TP, PP, SAVE_DIR, LOAD_DIR, SAVE_INTERVAL, ASYNC_SAVE, DISTRIBUTED_OPTIMIZER, FULLY_RESHARDABLE)
+CONFIG_FIELDS = (TP, PP, SAVE_DIR, LOAD_DIR, SAVE_INTERVAL, TRAIN_ITERS, EXIT_INTERVAL, ASYNC_SAVE, DISTRIBUTED_OPTIMIZER, FULLY_RESHARDABLE)
 # GlobalState: the iteration the loop has finished (train_state.step), and the config.
 STEP = "train_state.step"
 CONFIG = "cfg"
@@ -121,8 +123,9 @@ def problems() -> list[str]:
         for dotted in CONFIG_FIELDS:
             section, field = dotted.split(".")
             holder = {"model": "GPTModelProvider"}.get(section)
+            name = {"train": "TrainingConfig"}.get(section, f"{section.capitalize()}Config")
             cls = (getattr(importlib.import_module("megatron.bridge.models.gpt_provider"), holder) if holder
-                   else getattr(config, f"{section.capitalize()}Config"))
+                   else getattr(config, name))
             if field not in getattr(cls, "__dataclass_fields__", {}):
                 found.append(f"{cls.__name__} has no field {field} ({dotted})")
         if FT_ENABLED not in config.FaultToleranceConfig.__dataclass_fields__:

@@ -35,24 +35,14 @@ from pathlib import Path
 from elasticft import bridge_seam as seam
 from elasticft import megatron_seam
 from elasticft.megatron_bridge import recipe
-from elasticft.megatron_lm.loop import RERUN_EXIT_CODES, first_rank, mark_complete, poisoned, scalar
-from elasticft.megatron_lm.work import StepWork
+from elasticft.megatron_lm.duties import LoopDuties, first_rank, mark_complete
 
 log = logging.getLogger(__name__)
 
 
-class BridgeLoop:
-    """eft's per-iteration duties, fed by Bridge's loop (one per worker process)."""
-
-    def __init__(self):
-        self.hook = None  # made by every rank at train()'s start
-        self.injector = None  # --eft-inject faults that act between iterations
-        self._loss: float | None = None  # the last train_step's, until the vote takes it
-        self._grad_norm: float | None = None
-        self._saved: int | None = None  # the iteration eft's vote just saved (no second save of it)
-        self._saving = False  # inside a save the vote asked for (the hook timed it already)
-        self._decided: int | None = None  # the iteration just decided on, until the next step's first micro batch
-        self.work = StepWork()
+class BridgeLoop(LoopDuties):
+    """eft's per-iteration duties (``megatron_lm/duties.py``), fed by Bridge's loop (one per worker
+    process). The hook is made at train()'s start, after Bridge's setup loaded the checkpoint."""
 
     def attach(self) -> "BridgeLoop":
         seam.replace("pretrain", self._pretrain)
@@ -81,55 +71,16 @@ class BridgeLoop:
                 self.hook.close()
         return train
 
-    def _timed(self, original):
-        def timed(*args, **kwargs):
-            if self.hook is None:  # evaluation before the loop, or plain torchrun
-                return original(*args, **kwargs)
-            if self._decided is not None:  # --eft-inject rank_hung: mid-step, once a step (its first micro batch)
-                decided, self._decided = self._decided, None
-                self.injector.in_step(decided)
-            with self.work.block():
-                return original(*args, **kwargs)
-        return timed
-
     def _train_step(self, original):
         def train_step(*args, **kwargs):
             call = seam.bound("train_step", args, kwargs)
-            step = seam.get(call["global_state"], seam.STEP) + 1  # the iteration this step makes
-            if self.injector is not None and self.injector.acts_on_losses:  # --eft-inject nan/poison/corrupt
-                args, kwargs = (), {**call, "forward_step_func": poisoned(self.injector, call["forward_step_func"],
-                                                                          step)}
-            result = list(original(*args, **kwargs))
-            loss_dict, should_exit, exit_code, grad_norm = result[0], result[3], result[4], result[5]
-            self._loss = scalar(loss_dict.get("lm loss")) if loss_dict else None
-            self._grad_norm = scalar(grad_norm)
-            if should_exit and exit_code in RERUN_EXIT_CODES and self.hook is not None:
-                action = self._vote(step, loss=float("nan"), vote=True)  # every rank: the machine decides for all
-                if action.rollback:
-                    log.warning("iteration %d: Megatron's rerun state machine exits %d; eft rolls back and "
-                                "re-runs it", step, exit_code)
-                    result[4] = 0
-            return tuple(result)
+            return self._step(original, args, kwargs, call, seam.get(call["global_state"], seam.STEP) + 1)
         return train_step
 
     def _decide(self, original):
         def checkpoint_and_decide_exit(*args, **kwargs):
             call = seam.bound("checkpoint_and_decide_exit", args, kwargs)
-            iteration = seam.get(call["state"], seam.STEP)
-            action = self._vote(iteration, loss=self._loss, grad_norm=self._grad_norm)
-            self._loss = self._grad_norm = None
-            if action.rollback:  # bad numbers: no save of this state; the agent restarts from the last good one
-                log.warning("iteration %d: bad numbers; stopping to re-run it from the last good state", iteration)
-                return True
-            if action.save:
-                self._save_now(call, iteration)
-            if action.exit:
-                return True
-            should_exit = original(*args, **kwargs)
-            if not should_exit:
-                self.injector.after_iteration(iteration, in_step=True)
-                self._decided = iteration
-            return should_exit
+            return self._decision(seam.get(call["state"], seam.STEP), call, lambda: original(*args, **kwargs))
         return checkpoint_and_decide_exit
 
     def _save(self, original):
@@ -153,12 +104,6 @@ class BridgeLoop:
 
     # -- the parts -----------------------------------------------------------------------
 
-    def _vote(self, iteration: int, **numbers):
-        worked = self.work.take()
-        if worked is not None:
-            self.hook.worked(worked)
-        return self.hook.step(iteration, **numbers)
-
     def _start(self, state) -> None:
         """Every rank, once the loop is about to begin: the hook and the fault injector."""
         import torch
@@ -171,7 +116,9 @@ class BridgeLoop:
         # On a GPU the vote goes over gloo, so it does not synchronise the device every iteration.
         group = dist.new_group(backend="gloo") if torch.cuda.is_available() else None
         loaded = seam.get(state, seam.STEP) or None
-        self.hook = Hook(save_interval=seam.get(config, seam.SAVE_INTERVAL), last_saved_iteration=loaded, group=group)
+        self.hook = Hook(save_interval=seam.get(config, seam.SAVE_INTERVAL), last_saved_iteration=loaded, group=group,
+                         exit_interval=seam.get(config, seam.EXIT_INTERVAL),
+                         train_iters=seam.get(config, seam.TRAIN_ITERS))
         self.injector = FaultInjector.from_env()
         self._resumed(config, loaded)
         if first_rank():

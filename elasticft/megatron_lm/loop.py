@@ -27,41 +27,31 @@ its copy runs beside the next step's forward and backward, and the step's ``opti
 The pipeline schedules' ``forward_step`` and ``backward_step`` are timed as the rank's own
 work (``work.py``), which the vote hands to the heartbeat for straggler detection.
 
-Under plain torchrun nothing here runs: the agent arranges it (``attach.py``).
+What this loop shares with Megatron-Bridge's (the vote, the step's numbers, the decision, the
+work timing) is ``duties.py``'s. Under plain torchrun nothing here runs: the agent arranges it
+(``attach.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from pathlib import Path
 
 from elasticft import megatron_seam as seam
-from elasticft.contract.checkpoints import COMPLETE_MARKER
-from elasticft.contract.run_dir import write_atomically
-from elasticft.megatron_lm.work import StepWork
+from elasticft.megatron_lm.duties import LoopDuties, first_rank, mark_complete
 
 log = logging.getLogger(__name__)
 
-# Megatron's rerun state machine's exit statuses: resume to disambiguate, failed validation.
-RERUN_EXIT_CODES = (16, 17)
 
-
-class MegatronLoop:
-    """eft's per-iteration duties, fed by Megatron's loop (one per worker process)."""
+class MegatronLoop(LoopDuties):
+    """eft's per-iteration duties (``duties.py``), fed by Megatron-LM's loop (one per worker process).
+    The hook is made at the resume, or at train()'s start without --load."""
 
     def __init__(self):
-        self.hook = None  # made by every rank at the resume, or at train()'s start without --load
+        super().__init__()
         self.memory = None  # the memory tier (MegatronMemory), made with the hook
-        self.injector = None  # --eft-inject faults that act between iterations
-        self._loss: float | None = None  # the last train_step's, until the vote takes it
-        self._grad_norm: float | None = None
-        self._saved: int | None = None  # the iteration eft's vote just saved (no second save of it)
-        self._saving = False  # inside a save the vote asked for (the hook timed it already)
-        self._decided: int | None = None  # the iteration just decided on, until the next step's first micro batch
-        self.work = StepWork()  # this rank's own work in the step in progress
 
     def attach(self) -> "MegatronLoop":
         seam.replace("train", self._train)
@@ -90,24 +80,6 @@ class MegatronLoop:
                 self.hook.close()
         return train
 
-    def _timed(self, original):
-        def timed(*args, **kwargs):
-            if self.hook is None:  # evaluation before the loop, or plain torchrun
-                return original(*args, **kwargs)
-            if self._decided is not None:  # --eft-inject rank_hung: mid-step, once a step (its first micro batch)
-                decided, self._decided = self._decided, None
-                self.injector.in_step(decided)
-            with self.work.block():
-                return original(*args, **kwargs)
-        return timed
-
-    def _vote(self, iteration: int, **numbers):
-        """The step's vote, with the rank's own work in it (the step's forward and backward blocks)."""
-        worked = self.work.take()
-        if worked is not None:
-            self.hook.worked(worked)
-        return self.hook.step(iteration, **numbers)
-
     def _load(self, original):
         def load_checkpoint(*args, **kwargs):
             call = seam.bound("load_checkpoint", args, kwargs)
@@ -126,51 +98,17 @@ class MegatronLoop:
     def _train_step(self, original):
         def train_step(*args, **kwargs):
             call = seam.bound("train_step", args, kwargs)
-            step = (call.get("iteration") or 0) + 1  # the iteration this step makes
-            if self.injector is not None and self.injector.acts_on_losses:  # --eft-inject nan/poison/corrupt
-                args, kwargs = (), {**call, "forward_step_func": poisoned(self.injector, call["forward_step_func"], step)}
-            result = list(original(*args, **kwargs))
-            loss_dict, should_exit, exit_code, grad_norm = result[0], result[3], result[4], result[5]
-            self._loss = scalar(loss_dict.get("lm loss")) if loss_dict else None
-            self._grad_norm = scalar(grad_norm)
-            if should_exit and exit_code in RERUN_EXIT_CODES:
-                result[4] = self._rerun_verdict(step, exit_code)
-            return tuple(result)
+            return self._step(original, args, kwargs, call, (call.get("iteration") or 0) + 1)
         return train_step
-
-    def _rerun_verdict(self, step: int, exit_code: int) -> int:
-        """Megatron's rerun state machine found bad numbers in the step that makes ``step`` and
-        asks to be resumed (16: to disambiguate, after its own save; 17: it failed validation).
-        Both are eft's bad numbers: the vote rolls back (the agent restarts the workers from the
-        newest good state, uncharged, and judges a repeat: transient, bad data, bad GPU) and the
-        process exits 0 instead of a status the agent would count as a crash."""
-        action = self._vote(step, loss=float("nan"), vote=True)  # every rank: the state machine decides for all
-        if not action.rollback:  # --no-eft-numerics-check: Megatron's status, a failure to the agent
-            return exit_code
-        log.warning("iteration %d: Megatron's rerun state machine exits %d; eft rolls back and re-runs it",
-                    step, exit_code)
-        return 0
 
     def _decide(self, original):
         def checkpoint_and_decide_exit(*args, **kwargs):
             call = seam.bound("checkpoint_and_decide_exit", args, kwargs)
-            iteration = call["iteration"]
-            action = self._vote(iteration, loss=self._loss, grad_norm=self._grad_norm)
-            self._loss = self._grad_norm = None
-            if action.rollback:  # bad numbers: no save of this state; the agent restarts from the last good one
-                log.warning("iteration %d: bad numbers; stopping to re-run it from the last good state", iteration)
-                return True
-            if action.save:
-                self._save_now(call)
-            if action.exit:
-                return True
-            should_exit = original(*args, **kwargs)
-            if not should_exit:
-                self.memory.step(call)
-                self.injector.after_iteration(iteration, in_step=True)
-                self._decided = iteration
-            return should_exit
+            return self._decision(call["iteration"], call, lambda: original(*args, **kwargs))
         return checkpoint_and_decide_exit
+
+    def _after_decision(self, call: dict) -> None:
+        self.memory.step(call)
 
     def _save(self, original):
         def save_checkpoint_and_time(*args, **kwargs):
@@ -227,10 +165,9 @@ class MegatronLoop:
         if dist.get_rank() == 0:
             log.warning("eft is in Megatron-LM's training loop (resuming after iteration %s)", loaded or 0)
 
-    def _save_now(self, call: dict) -> None:
+    def _save_now(self, call: dict, iteration: int) -> None:
         """The save eft's vote asked for: Megatron's own, through the loop's save function."""
         margs = seam.function(seam.GET_ARGS)()
-        iteration = call["iteration"]
         if not margs.save:
             log.warning("iteration %d: asked to save but there is no --save", iteration)
             return
@@ -245,51 +182,7 @@ class MegatronLoop:
         self._saved = iteration
 
 
-def poisoned(injector, forward_step, step: int):
-    """``forward_step`` whose loss function's loss goes through the fault injector (--eft-inject)."""
-    def forward_step_with_faults(*args, **kwargs):
-        output, loss_func = forward_step(*args, **kwargs)
-
-        def loss_with_faults(*largs, **lkwargs):
-            result = loss_func(*largs, **lkwargs)
-            return (injector.loss(step, result[0]), *result[1:])
-        return output, loss_with_faults
-    return forward_step_with_faults
-
-
-def mark_complete(path: Path, iteration: int) -> None:
-    """Rank 0, after the loop's save returned (Megatron's and Bridge's end with a barrier of all ranks):
-    the iteration's directory is complete, as ``CheckpointDir`` marks it."""
-    if first_rank() and path.is_dir():
-        write_atomically(path / COMPLETE_MARKER, json.dumps({"iteration": iteration, "time": time.time()}),
-                         durable=True)
-
-
-def first_rank() -> bool:
-    import torch.distributed as dist
-
-    return dist.get_rank() == 0
-
-
 def _acknowledged(call: dict, margs) -> bool:
     """A save eft can call complete when the function returns: persistent and synchronous
     (an async save completes later, a non-persistent one lives outside --save)."""
     return bool(margs.save) and not call.get("non_persistent_ckpt") and not getattr(margs, "async_save", False)
-
-
-def scalar(value) -> float | None:
-    """A float from Megatron's reported value (a tensor, a (sum, count) pair, a number)."""
-    if value is None:
-        return None
-    try:
-        import torch
-
-        if isinstance(value, torch.Tensor):
-            value = value.detach().float().cpu()
-            if value.numel() == 2:  # (sum, token count): Megatron reports its average
-                return float(value[0] / value[1]) if float(value[1]) else None
-            return float(value.reshape(-1)[0])
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-

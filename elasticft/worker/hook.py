@@ -57,6 +57,9 @@ class Hook:
     ``compute()`` for straggler detection, other long phases in ``section(name)``, and
     call ``close()`` when training is over.
 
+    ``save_interval``, ``exit_interval`` and ``train_iters`` are the loop's own (votes are held
+    where it saves or stops on its own); each unset is read from Megatron-LM's flags in ``sys.argv``.
+
     Inert (no action ever, no signal handlers, no heartbeat) when ``EFT_RUN_DIR`` is
     unset, which is how it runs under plain torchrun. Raises ``SystemExit(0)`` if the
     kill switch exists when it is created.
@@ -67,6 +70,8 @@ class Hook:
         save_interval: int | None = None,
         last_saved_iteration: int | None = None,
         group=None,
+        exit_interval: int | None = None,
+        train_iters: int | None = None,
     ):
         self.save_interval = save_interval if save_interval is not None else save_interval_from_argv(sys.argv)
         self.last_saved_iteration = last_saved_iteration
@@ -94,8 +99,10 @@ class Hook:
         self._remove_save_switch = False
         self._auto_checkpointing = False
         self._held: CheckpointRequest | None = None  # read since the last vote, not yet voted on
-        every = (self.save_interval, int_flag(sys.argv, "--exit-interval"))
-        self._cadence = VoteCadence(self.config.vote_budget, every, int_flag(sys.argv, "--train-iters"))
+        # The loop's own exits and last iteration (votes are held there): given, else Megatron-LM's flags.
+        exit_interval = exit_interval if exit_interval is not None else int_flag(sys.argv, "--exit-interval")
+        train_iters = train_iters if train_iters is not None else int_flag(sys.argv, "--train-iters")
+        self._cadence = VoteCadence(self.config.vote_budget, (self.save_interval, exit_interval), train_iters)
         self._ballots: list[Ballot] = []  # others that vote in the same exchange (the memory tier)
         numerics = from_env(NumericsConfig)
         # A collective: every rank makes its Hook.

@@ -3,8 +3,11 @@
 A recipe (``tiny_gpt``) builds the ``ConfigContainer``; Hydra-style ``key=value`` arguments
 override it (Bridge's ``process_config_with_overrides``, as its example scripts take them);
 ``megatron.bridge.training.pretrain`` runs it with Bridge's GPT ``forward_step``. Nothing in it
-knows about eft. The deviation: on a machine without CUDA, ``cpu_emulation`` (beside this file)
-is enabled before megatron is imported, and the recipe asks for what ``cpu_mode`` needs (gloo,
+knows about eft. Bridge is imported inside ``main`` and the recipe, not at the top: torch_dist's
+save starts a helper with multiprocessing's spawn, which runs this file's top again (a top-level
+import of Bridge costs that helper seconds of CPU at each generation's first save). The deviation:
+on a machine without CUDA, ``cpu_emulation`` (beside this file) is enabled before megatron is
+imported, and the recipe asks for what ``cpu_mode`` needs (gloo,
 the local transformer implementation, fp32). With ``EFT_TEST_NUMBERS`` set, Megatron-LM's
 ``numbers_log`` records each iteration's loss for the tests (observation only).
 
@@ -15,42 +18,33 @@ the local transformer implementation, fp32). With ``EFT_TEST_NUMBERS`` set, Mega
 import os
 import sys
 
-import torch
-
 _HERE = os.path.dirname(os.path.abspath(__file__))
-if not torch.cuda.is_available():
-    sys.path.insert(0, _HERE)
-    import cpu_emulation
-
-    cpu_emulation.enable()
-
-from megatron.bridge.models.gpt_provider import GPTModelProvider, local_layer_spec  # noqa: E402
-from megatron.bridge.training.config import (  # noqa: E402
-    CheckpointConfig,
-    ConfigContainer,
-    DistributedDataParallelConfig,
-    DistributedInitConfig,
-    FaultToleranceConfig,
-    LoggerConfig,
-    MockGPTDatasetConfig,
-    OptimizerConfig,
-    RNGConfig,
-    SchedulerConfig,
-    TokenizerConfig,
-    TrainingConfig,
-    ValidationConfig,
-)
-from megatron.bridge.training.gpt_step import forward_step  # noqa: E402
-from megatron.bridge.training.pretrain import pretrain  # noqa: E402
-from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides  # noqa: E402
 
 SEQ_LENGTH = 32
 VOCAB = 128
 
 
-def tiny_gpt(save: str | None = None) -> ConfigContainer:
+def tiny_gpt(save: str | None = None):
     """The recipe: a 2-layer GPT on mock data, saved every 10 iterations in torch_dist (a constant
     learning rate after the warm-up: the numbers of a step do not depend on train_iters)."""
+    import torch
+    from megatron.bridge.models.gpt_provider import GPTModelProvider, local_layer_spec
+    from megatron.bridge.training.config import (
+        CheckpointConfig,
+        ConfigContainer,
+        DistributedDataParallelConfig,
+        DistributedInitConfig,
+        FaultToleranceConfig,
+        LoggerConfig,
+        MockGPTDatasetConfig,
+        OptimizerConfig,
+        RNGConfig,
+        SchedulerConfig,
+        TokenizerConfig,
+        TrainingConfig,
+        ValidationConfig,
+    )
+
     on_cpu = not torch.cuda.is_available()
     model = GPTModelProvider(
         num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
@@ -84,6 +78,17 @@ def tiny_gpt(save: str | None = None) -> ConfigContainer:
 
 
 def main(overrides: list[str]) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.path.insert(0, _HERE)
+        import cpu_emulation
+
+        cpu_emulation.enable()
+    from megatron.bridge.training.gpt_step import forward_step
+    from megatron.bridge.training.pretrain import pretrain
+    from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides
+
     config = process_config_with_overrides(tiny_gpt(), cli_overrides=overrides)
     if config.checkpoint.save and not config.checkpoint.load:
         config.checkpoint.load = config.checkpoint.save  # resume where it saves, as the recipes do
