@@ -15,13 +15,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
 from bench.launch import Launched, wait_for
 from bench.megatron_lm import ENV
 from elasticft.contract.checkpoints import TRACKER
-from tests.megatron_lm.test_megatron_lm_e2e import RESUMED, complete, grad_norms, leftovers
+from tests.megatron_lm.test_megatron_lm_e2e import RESUMED, complete, grad_norms, kill_leftovers, leftovers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -55,11 +54,7 @@ def plain(tmp_path_factory):
     job = start(tmp_path, TORCHRUN, f"checkpoint.save={ckpt}", "train.train_iters=6",
                 "checkpoint.save_interval=3", name="torchrun")
     assert job.wait(240) == 0, job.output()[-3000:]
-    for line in leftovers(tmp_path):  # torchrun leaves the save's spawn helpers behind: not on this machine
-        try:
-            psutil.Process(int(line.split()[0])).kill()
-        except psutil.NoSuchProcess:
-            pass
+    kill_leftovers(tmp_path)  # torchrun leaves the save's spawn helpers behind: not on this machine
     return job.output(), ckpt
 
 

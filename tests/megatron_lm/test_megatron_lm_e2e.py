@@ -74,6 +74,15 @@ def leftovers(tmp_path: Path) -> list[str]:
     return found
 
 
+def kill_leftovers(tmp_path: Path) -> None:
+    """End the processes of the job started in ``tmp_path`` still alive."""
+    for line in leftovers(tmp_path):
+        try:
+            psutil.Process(int(line.split()[0])).kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
     """The script under plain torchrun: its grad norms are what eft's runs must reproduce."""
@@ -81,11 +90,7 @@ def plain(tmp_path_factory):
     ckpt = tmp_path / "ckpt"
     job = start(tmp_path, TORCHRUN, "--train-iters", "4", "--save", ckpt, "--save-interval", "2", name="torchrun")
     assert job.wait(240) == 0, job.output()[-3000:]
-    for line in leftovers(tmp_path):  # torchrun leaves the save's spawn helpers behind: not on this machine
-        try:
-            psutil.Process(int(line.split()[0])).kill()
-        except psutil.NoSuchProcess:
-            pass
+    kill_leftovers(tmp_path)  # torchrun leaves the save's spawn helpers behind: not on this machine
     return job.output(), ckpt
 
 
