@@ -2,7 +2,7 @@
 
 A Megatron-LM script imports ``megatron.training`` at its top and calls ``pretrain``;
 eft must be inside that loop without an edit to the script. ``install()`` (run by the
-worker's ``sitecustomize``, see ``boot/``) puts a finder at the head of ``sys.meta_path``
+worker's ``sitecustomize``, see ``elasticft/boot/``) puts a finder at the head of ``sys.meta_path``
 that lets Python import ``megatron.training.training`` as usual and then attaches
 ``MegatronLoop`` to it, before the script's next line runs. A process that never imports
 it (a helper the save starts, a script with its own loop) pays one finder lookup per

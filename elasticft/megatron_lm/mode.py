@@ -5,7 +5,7 @@
 are read (parsed, not run) for such an import. A script that reaches Megatron's loop
 through a package elsewhere needs ``on``; a script with its own loop that happens to
 import ``megatron.training`` for a helper can say ``off``. The workers then start with
-``boot/`` first on their ``PYTHONPATH`` (the only change to their environment).
+``elasticft/boot/`` first on their ``PYTHONPATH`` (the only change to their environment).
 
 Mistakes are stopped here, before any worker starts, in one line: ``on`` for a script
 that does not import ``megatron.training``, a megatron-core eft was not tested with,
@@ -25,7 +25,8 @@ from elasticft.config import ConfigError, flag_name
 
 log = logging.getLogger(__name__)
 
-BOOT_DIR = Path(__file__).with_name("boot")
+# eft's boot directory (elasticft/boot/): first on a Megatron-LM or Bridge worker's PYTHONPATH
+BOOT_DIR = Path(__file__).parent.parent / "boot"
 TARGET = "megatron.training"
 MAX_DEPTH = 3  # local modules followed from the script: enough for pretrain_gpt.py's model_provider.py
 

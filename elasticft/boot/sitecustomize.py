@@ -1,6 +1,6 @@
-"""Run by Python's ``site`` at the start of every worker of a Megatron-LM job under eft-run.
+"""Run by Python's ``site`` at the start of every worker of a Megatron-LM or Megatron-Bridge job under eft-run.
 
-eft-run puts this directory first on the workers' ``PYTHONPATH`` (``mode.py``), which is
+eft-run puts this directory first on the workers' ``PYTHONPATH`` (``megatron_lm/mode.py``), which is
 how eft reaches an unmodified script: no change to its command line, its ``sys.argv`` or
 its ``__main__``. It does two things and imports nothing heavy:
 
