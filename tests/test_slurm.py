@@ -182,8 +182,10 @@ def test_a_lost_node_leaves_the_other_training_at_the_new_size_and_the_finished_
     And the time limit was asked of squeue by one of the two agents, not by both."""
     ckpt = tmp_path / "ckpt"
     questions = counting_squeue(tmp_path)
-    job, out = submit_train(slurm_cluster, tmp_path, "--nnodes", "1:2", *loop(ckpt, 300),
-                            export=f"ALL,PATH={questions.parent}:{os.environ['PATH']}")
+    # srun starts the two agents up to seconds apart on a loaded machine: a last call longer than
+    # the default 1 s lets the first round take both, as the first start below asserts.
+    job, out = submit_train(slurm_cluster, tmp_path, "--nnodes", "1:2", "--rdzv-conf", "last_call_timeout=5",
+                            *loop(ckpt, 300), export=f"ALL,PATH={questions.parent}:{os.environ['PATH']}")
     wait_for(lambda: saves(out), 120, "the first save")
     killed = kill_node(slurm_cluster, job, "n2")
     assert killed, "no process of the job on n2"
