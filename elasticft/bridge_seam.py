@@ -21,6 +21,7 @@ Bridge's.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ import elasticft.versions as versions
 
 TRAIN = "megatron.bridge.training.train"
 PRETRAIN = "megatron.bridge.training.pretrain"
+CHECKPOINTING = "megatron.bridge.training.checkpointing"
+SETUP = "megatron.bridge.training.setup"
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,11 @@ SITES = {
     "save_checkpoint_and_time": Site(TRAIN, "save_checkpoint_and_time", (
         "state", "model", "optimizer", "opt_param_scheduler", "num_floating_point_operations_so_far",
         "checkpoint_manager", "non_persistent_ckpt", "train_data_iterator")),
+    # setup's decision to load at all (a checkpoint in checkpoint.load): the memory tier may hold a newer one.
+    "should_load": Site(SETUP, "_should_load_checkpoint", ("cfg", "checkpoint_manager")),
+    # The resume: the default checkpoint manager's load calls it by its global name.
+    "load_checkpoint": Site(CHECKPOINTING, "load_checkpoint", ("state", "model", "optimizer",
+                                                               "opt_param_scheduler")),
     # Rank 0 runs `make` for megatron-core's dataset helper even when the wheel ships it compiled;
     # Bridge's initialize imported the function by name.
     "compile_helpers": Site("megatron.core.datasets.utils", "compile_helpers",
@@ -70,7 +78,21 @@ SITES = {
 # Called, not wrapped: an iteration's checkpoint directory.
 CHECKPOINT_NAME = Site("megatron.bridge.training.utils.checkpoint_utils", "get_checkpoint_name",
                        ("checkpoints_path", "iteration"))
-CALLED = (CHECKPOINT_NAME,)
+# A memory snapshot is Bridge's own save, stopped where it hands the state to megatron-core's
+# dist_checkpointing.save (megatron_seam.DIST_SAVE, looked up on the package at call time).
+SAVE_CHECKPOINT = Site(CHECKPOINTING, "save_checkpoint", (
+    "state", "model", "optimizer", "opt_param_scheduler", "num_floating_point_operations_so_far",
+    "checkpointing_context", "train_data_iterator"))
+# Beside the tensors Bridge's load reads two files rank 0 writes after them (names in contract.memory).
+TRAIN_STATE_FILE = Site("megatron.bridge.training.utils.checkpoint_utils", "get_checkpoint_train_state_filename",
+                        ("checkpoints_path",))
+RUN_CONFIG_FILE = Site("megatron.bridge.training.utils.checkpoint_utils", "get_checkpoint_run_config_filename",
+                       ("checkpoints_path",))
+# The parameter sync save_checkpoint_and_time makes first (overlapped parameter gather), repeated by a snapshot.
+NEEDS_PARAM_SYNC = Site(TRAIN, "should_disable_forward_pre_hook", (
+    "use_megatron_fsdp", "use_distributed_optimizer", "overlap_param_gather"))
+PARAM_SYNC = Site(TRAIN, "force_param_sync", ("model", "optimizer"))
+CALLED = (CHECKPOINT_NAME, SAVE_CHECKPOINT, TRAIN_STATE_FILE, RUN_CONFIG_FILE, NEEDS_PARAM_SYNC, PARAM_SYNC)
 
 # The ConfigContainer's fields eft reads or sets (dotted: section.field).
 TP = "model.tensor_model_parallel_size"
@@ -83,11 +105,27 @@ EXIT_INTERVAL = "train.exit_interval"
 ASYNC_SAVE = "checkpoint.async_save"
 DISTRIBUTED_OPTIMIZER = "optimizer.use_distributed_optimizer"
 FULLY_RESHARDABLE = "checkpoint.dist_ckpt_optim_fully_reshardable"
+CKPT_FORMAT = "checkpoint.ckpt_format"
+# What a memory restore sets for its load, and reads to find what Bridge would load on its own.
+CKPT_STEP = "checkpoint.ckpt_step"
+FINETUNE = "checkpoint.finetune"
+PRETRAINED = "checkpoint.pretrained_checkpoint"
+LOAD_OPTIM = "checkpoint.load_optim"
+LOAD_RNG = "checkpoint.load_rng"
+NON_PERSISTENT_TYPE = "checkpoint.non_persistent_ckpt_type"
+NON_PERSISTENT_DIR = "checkpoint.non_persistent_global_ckpt_dir"
+SAVE_TOKENIZER = "checkpoint.save_tokenizer_assets"
+OVERLAP_PARAM_GATHER = "ddp.overlap_param_gather"
+MEGATRON_FSDP = "ddp.use_megatron_fsdp"
 FT = "ft"  # FaultToleranceConfig: NVRx's rank monitor (ft_launcher only), None when off
 FT_ENABLED = "enable_ft_package"
-CONFIG_FIELDS = (TP, PP, SAVE_DIR, LOAD_DIR, SAVE_INTERVAL, TRAIN_ITERS, EXIT_INTERVAL, ASYNC_SAVE, DISTRIBUTED_OPTIMIZER, FULLY_RESHARDABLE)
-# GlobalState: the iteration the loop has finished (train_state.step), and the config.
+CONFIG_FIELDS = (TP, PP, SAVE_DIR, LOAD_DIR, SAVE_INTERVAL, TRAIN_ITERS, EXIT_INTERVAL, ASYNC_SAVE,
+                 DISTRIBUTED_OPTIMIZER, FULLY_RESHARDABLE, CKPT_FORMAT, CKPT_STEP, FINETUNE, PRETRAINED, LOAD_OPTIM,
+                 LOAD_RNG, NON_PERSISTENT_TYPE, NON_PERSISTENT_DIR, SAVE_TOKENIZER, OVERLAP_PARAM_GATHER, MEGATRON_FSDP)
+# GlobalState: the iteration the loop has finished (train_state.step), the loop's counters (a
+# TrainState: its state_dict() is what train_state.pt holds), and the config.
 STEP = "train_state.step"
+TRAIN_STATE = "train_state"
 CONFIG = "cfg"
 
 
@@ -123,7 +161,8 @@ def problems() -> list[str]:
         for dotted in CONFIG_FIELDS:
             section, field = dotted.split(".")
             holder = {"model": "GPTModelProvider"}.get(section)
-            name = {"train": "TrainingConfig"}.get(section, f"{section.capitalize()}Config")
+            name = {"train": "TrainingConfig", "ddp": "DistributedDataParallelConfig"}.get(
+                section, f"{section.capitalize()}Config")
             cls = (getattr(importlib.import_module("megatron.bridge.models.gpt_provider"), holder) if holder
                    else getattr(config, name))
             if field not in getattr(cls, "__dataclass_fields__", {}):
@@ -172,6 +211,19 @@ def put(obj, dotted: str, value) -> None:
     for part in parents:
         obj = getattr(obj, part)
     setattr(obj, last, value)
+
+
+@contextlib.contextmanager
+def overridden(config, values: dict[str, object]):
+    """``config``'s dotted fields set to ``values`` inside the block, put back after."""
+    saved = {dotted: get(config, dotted) for dotted in values}
+    for dotted, value in values.items():
+        put(config, dotted, value)
+    try:
+        yield
+    finally:
+        for dotted, value in saved.items():
+            put(config, dotted, value)
 
 
 _signatures: dict[str, inspect.Signature] = {}  # the originals' signatures, by site name

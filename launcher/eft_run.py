@@ -41,7 +41,7 @@ from torch.distributed.run import run as torchrun_run
 from elasticft.agent.agent import FTElasticAgent
 from elasticft.agent.context import EtcdTarget
 from elasticft.agent.restart_budget import NoProgress
-from elasticft.config import ConfigError, Settings, flag_name
+from elasticft.config import ConfigError, Settings
 from elasticft.contract.exit_codes import ExitCode
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.local_runs import LocalRuns, default_runs_dir
@@ -179,9 +179,6 @@ def run(args, settings: Settings) -> ExitCode:
     # Workers inherit the launcher's environment: eft's boot directory for a Megatron-LM or Bridge script.
     loop = megatron_bridge_environment(settings.megatron_lm.megatron_bridge, args.training_script, args.module,
                                        args.no_python)
-    if loop and settings.memory.mem_ckpt_interval > 0:
-        log.warning("%s: the memory tier does not snapshot Megatron-Bridge's loop yet; this job's newest state "
-                    "is its disk saves (docs/megatron-bridge.md)", flag_name("mem_ckpt_interval"))
     if not loop:
         loop = megatron_lm_environment(settings.megatron_lm.megatron_lm, args.training_script,
                                        args.training_script_args, args.module, args.no_python)

@@ -35,7 +35,10 @@ from urllib.parse import quote
 
 # Files of a torch_dist checkpoint that global rank 0 writes once for the whole checkpoint.
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of every shard
-GLOBAL_FILES = (DCP_METADATA, "common.pt", "metadata.json")
+# Megatron-Bridge's rank 0 writes two more beside them, which its load reads whole.
+BRIDGE_TRAIN_STATE = "train_state.pt"  # the loop's counters (TrainState.state_dict())
+BRIDGE_RUN_CONFIG = "run_config.yaml"  # the run's ConfigContainer (the load checks TP and PP against it)
+GLOBAL_FILES = (DCP_METADATA, "common.pt", "metadata.json", BRIDGE_TRAIN_STATE, BRIDGE_RUN_CONFIG)
 
 OWN_DIR = "own"
 HELD_DIR = "held"

@@ -18,7 +18,14 @@ one place that knows their names) with wrappers that call the originals, as
   decision runs (periodic saves, its signal handler, its exit conditions);
 * ``save_checkpoint_and_time``: every save of the loop is timed as the ``checkpointing``
   section, marked complete (``.complete`` in the iteration's directory, once every rank has
-  written) and acknowledged to the agent.
+  written) and acknowledged to the agent;
+* setup's ``_should_load_checkpoint`` and ``load_checkpoint`` (the resume, before the loop): the
+  hook is made at the first, and the memory tier (``memory.py``) restores its newest iteration
+  through the second when that is the newest state (Bridge's setup is made to load when only
+  memory holds one).
+
+After the decision, each iteration the memory tier takes its snapshot (``memory.py``); its copy
+runs beside the next step's forward and backward, and the step's ``optimizer.step()`` waits for it.
 
 megatron-core's pipeline schedules' ``forward_step`` and ``backward_step``, which Bridge's step
 runs, are timed as the rank's own work for straggler detection (``megatron_lm.work``), through
@@ -42,10 +49,18 @@ log = logging.getLogger(__name__)
 
 class BridgeLoop(LoopDuties):
     """eft's per-iteration duties (``megatron_lm/duties.py``), fed by Bridge's loop (one per worker
-    process). The hook is made at train()'s start, after Bridge's setup loaded the checkpoint."""
+    process). The hook is made when Bridge's setup decides whether to load a checkpoint."""
+
+    def __init__(self):
+        super().__init__()
+        self.memory = None  # the memory tier (BridgeMemory), made with the hook
+        self._would_load = False  # Bridge's setup would have loaded on its own
+        self._restored = False  # the resume went through the memory tier (it told the agent)
 
     def attach(self) -> "BridgeLoop":
         seam.replace("pretrain", self._pretrain)
+        seam.replace("should_load", self._should_load)
+        seam.replace("load_checkpoint", self._load)
         seam.replace("train", self._train)
         seam.replace("train_step", self._train_step)
         seam.replace("checkpoint_and_decide_exit", self._decide)
@@ -62,11 +77,34 @@ class BridgeLoop(LoopDuties):
             return original(*args, **kwargs)
         return pretrain
 
+    def _should_load(self, original):
+        def should_load(*args, **kwargs):
+            self._would_load = bool(original(*args, **kwargs))
+            if self.hook is None:
+                self._make_hook(seam.bound("should_load", args, kwargs)["cfg"])
+            return self._would_load or self.memory.ready()  # the same answer on every rank
+        return should_load
+
+    def _load(self, original):
+        def load_checkpoint(*args, **kwargs):
+            if self.hook is None or self._restored:
+                return original(*args, **kwargs)  # not the resume
+            self._restored = True
+            return self.memory.restore(original, args, kwargs, self._would_load)
+        return load_checkpoint
+
     def _train(self, original):
         def train(*args, **kwargs):
-            self._start(seam.bound("train", args, kwargs)["global_state"])
+            call = seam.bound("train", args, kwargs)
+            self._start(call["global_state"])
+            self.memory.guard(call["optimizer"], seam.get(call["global_state"], seam.CONFIG))
             try:
-                return original(*args, **kwargs)
+                result = original(*args, **kwargs)
+                self.memory.flush()  # the newest snapshot is not lost to a clean end
+                return result
+            except SystemExit:  # the loop's own exits: every rank at the same point
+                self.memory.flush()
+                raise
             finally:
                 self.hook.close()
         return train
@@ -83,6 +121,9 @@ class BridgeLoop(LoopDuties):
             return self._decision(seam.get(call["state"], seam.STEP), call, lambda: original(*args, **kwargs))
         return checkpoint_and_decide_exit
 
+    def _after_decision(self, call: dict) -> None:
+        self.memory.step(call, seam.get(call["state"], seam.STEP))
+
     def _save(self, original):
         def save_checkpoint_and_time(*args, **kwargs):
             call = seam.bound("save_checkpoint_and_time", args, kwargs)
@@ -92,6 +133,8 @@ class BridgeLoop(LoopDuties):
                 return None  # eft's vote saved this iteration a moment ago (Bridge's interval hit it too)
             started = time.time()
             timed = contextlib.nullcontext() if self._saving or self.hook is None else self.hook.section("checkpointing")
+            if self.memory is not None:
+                self.memory.flush()  # the snapshot in flight first: both write through torch_dist
             with timed:
                 result = original(*args, **kwargs)
             config = seam.get(state, seam.CONFIG)
@@ -104,23 +147,34 @@ class BridgeLoop(LoopDuties):
 
     # -- the parts -----------------------------------------------------------------------
 
-    def _start(self, state) -> None:
-        """Every rank, once the loop is about to begin: the hook and the fault injector."""
+    def _make_hook(self, config) -> None:
+        """Every rank, once Bridge's process groups exist: the hook and the memory tier."""
         import torch
         import torch.distributed as dist
 
+        from elasticft.megatron_bridge.memory import BridgeMemory
         from elasticft.worker.hook import Hook
+
+        # On a GPU the vote goes over gloo, so it does not synchronise the device every iteration.
+        group = dist.new_group(backend="gloo") if torch.cuda.is_available() else None
+        self.hook = Hook(save_interval=seam.get(config, seam.SAVE_INTERVAL), group=group,
+                         exit_interval=seam.get(config, seam.EXIT_INTERVAL),
+                         train_iters=seam.get(config, seam.TRAIN_ITERS))
+        self.memory = BridgeMemory(self.hook, config)
+
+    def _start(self, state) -> None:
+        """Every rank, once the loop is about to begin: the hook (unless setup made it) and the
+        fault injector."""
         from elasticft.worker.inject import FaultInjector
 
         config = seam.get(state, seam.CONFIG)
-        # On a GPU the vote goes over gloo, so it does not synchronise the device every iteration.
-        group = dist.new_group(backend="gloo") if torch.cuda.is_available() else None
+        if self.hook is None:
+            self._make_hook(config)
         loaded = seam.get(state, seam.STEP) or None
-        self.hook = Hook(save_interval=seam.get(config, seam.SAVE_INTERVAL), last_saved_iteration=loaded, group=group,
-                         exit_interval=seam.get(config, seam.EXIT_INTERVAL),
-                         train_iters=seam.get(config, seam.TRAIN_ITERS))
+        self.hook.last_saved_iteration = loaded
         self.injector = FaultInjector.from_env()
-        self._resumed(config, loaded)
+        if not self._restored:  # the memory tier's restore told the agent where the workers resumed
+            self._resumed(config, loaded)
         if first_rank():
             log.warning("eft is in Megatron-Bridge's training loop (resuming after iteration %s)", loaded or 0)
 

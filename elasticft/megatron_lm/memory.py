@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 SNAPSHOT_FORMAT = "torch_dist"
 
 
-class _Captured(Exception):
+class Captured(Exception):
     """Raised from the intercepted ``dist_checkpointing.save``: Megatron's save stops there."""
 
     def __init__(self, state: dict, options: dict):
@@ -99,10 +99,10 @@ class MegatronMemory:
         def intercept(sharded_state_dict, checkpoint_dir, *args, **kwargs):
             options = {k: kwargs[k] for k in ("content_metadata", "preprocess_common_before_consistancy_check")
                        if kwargs.get(k) is not None}
-            raise _Captured(sharded_state_dict, options)
+            raise Captured(sharded_state_dict, options)
 
         # Megatron's save names its directory after --save (rank 0 creates it): the snapshot's.
-        with _attributes(margs, save=self.tier.dir, async_save=False, dataloader_save=None), \
+        with attributes(margs, save=self.tier.dir, async_save=False, dataloader_save=None), \
                 seam.swapped(seam.DIST_SAVE, intercept), contextlib.redirect_stdout(io.StringIO()):
             try:
                 seam.function(seam.SAVE_CHECKPOINT)(
@@ -111,7 +111,7 @@ class MegatronMemory:
                     train_data_iterator=call.get("train_data_iterator"),
                     preprocess_common_state_dict_fn=seam.function(seam.PREPROCESS_COMMON),
                     **seam.save_keywords(model))  # the process groups, from megatron-core 0.19 on
-            except _Captured as captured:
+            except Captured as captured:
                 return captured.request
         raise seam.MegatronSeamError(f"{seam.SAVE_CHECKPOINT} returned without calling {seam.DIST_SAVE}; "
                                      "eft's Megatron seam (elasticft/megatron_seam.py) needs updating")
@@ -128,7 +128,7 @@ class MegatronMemory:
 
         def load_memory(path: str, iteration: int):
             resumed = Path(path)
-            with _attributes(margs, load=str(resumed.parent), ckpt_step=iteration, non_persistent_ckpt_type=None,
+            with attributes(margs, load=str(resumed.parent), ckpt_step=iteration, non_persistent_ckpt_type=None,
                              pretrained_checkpoint=None, finetune=False, no_load_optim=False, no_load_rng=False):
                 seam.rewind_scheduler(scheduler)
                 result = load(*args, **kwargs)
@@ -161,7 +161,7 @@ class _MegatronDisk:
         roots = [margs.load] if margs.load else []
         if getattr(margs, "non_persistent_ckpt_type", None) == "global":
             roots.append(margs.non_persistent_global_ckpt_dir or os.path.join(margs.load or "", "non_persistent"))
-        found = [_tracked(Path(root)) for root in roots if root]
+        found = [tracked(Path(root)) for root in roots if root]
         found = [i for i in found if i is not None]
         if getattr(margs, "ckpt_step", None):
             found.append(margs.ckpt_step)
@@ -190,7 +190,7 @@ _CHANGED_BEFORE_THE_UPDATE = {
 }
 
 
-def _tracked(root: Path) -> int | None:
+def tracked(root: Path) -> int | None:
     """The iteration Megatron's tracker in ``root`` names (None: none, or a release checkpoint)."""
     try:
         return int((root / TRACKER).read_text().strip())
@@ -199,7 +199,7 @@ def _tracked(root: Path) -> int | None:
 
 
 @contextlib.contextmanager
-def _attributes(obj, **values):
+def attributes(obj, **values):
     """``obj``'s attributes set to ``values`` inside the block, put back after."""
     missing = object()
     saved = {name: getattr(obj, name, missing) for name in values}

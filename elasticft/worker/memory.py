@@ -262,6 +262,11 @@ class MemoryCheckpoints:
                                "reached": plan.reached if plan else None, "read": read})
         return restored
 
+    def ready_everywhere(self) -> list[int]:
+        """The memory iterations every rank's agent prepared, newest first (one collective on every
+        rank unless inert): for a loop that loads only when it knows of a checkpoint (Bridge's)."""
+        return [iteration for iteration, _ in self._agreed_candidates(self._plan())]
+
     def _fell_back(self, iteration: int, exc: BaseException, then: str) -> None:
         """A memory iteration did not load (on every rank alike): say why, once for the job (global rank 0)."""
         corrupt = corrupt_ranges(exc)

@@ -56,7 +56,18 @@ def in_process_results_queue() -> None:
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     if filesystem_async._results_queue is None:
-        filesystem_async._results_queue = queue.Queue()
+        filesystem_async._results_queue = _InProcessQueue()
+
+
+class _InProcessQueue(queue.Queue):
+    """A plain queue where megatron-core's would come from a Manager: Megatron-Bridge's cleanup
+    after a failed run shuts that queue's ``_manager`` down (here: nothing to shut down)."""
+
+    class _NoManager:
+        def shutdown(self) -> None:
+            pass
+
+    _manager = _NoManager()
 
 
 @contextlib.contextmanager

@@ -11,3 +11,12 @@ except ImportError:  # no megatron at all
 
 if not _HAVE_BRIDGE:
     collect_ignore_glob = ["test_*.py"]
+else:
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def plain(tmp_path_factory):
+        """The script under plain torchrun (tests/megatron_bridge/jobs.py): the numbers eft's runs must reproduce."""
+        from tests.megatron_bridge.jobs import run_plain
+
+        return run_plain(tmp_path_factory.mktemp("plain"))

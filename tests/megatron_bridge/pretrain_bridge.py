@@ -8,8 +8,9 @@ save starts a helper with multiprocessing's spawn, which runs this file's top ag
 import of Bridge costs that helper seconds of CPU at each generation's first save). The deviation:
 on a machine without CUDA, ``cpu_emulation`` (beside this file) is enabled before megatron is
 imported, and the recipe asks for what ``cpu_mode`` needs (gloo,
-the local transformer implementation, fp32). With ``EFT_TEST_NUMBERS`` set, Megatron-LM's
-``numbers_log`` records each iteration's loss for the tests (observation only).
+the local transformer implementation, fp32). With ``EFT_TEST_SNAPSHOTS`` set, Megatron-LM's
+``numbers_log`` records each memory snapshot a node reports (observation only); the tests read
+each iteration's numbers from Bridge's own log line.
 
     torchrun --nproc-per-node 2 tests/megatron_bridge/pretrain_bridge.py \\
         checkpoint.save=/tmp/ckpt train.train_iters=20 model.tensor_model_parallel_size=2
@@ -92,11 +93,11 @@ def main(overrides: list[str]) -> None:
     config = process_config_with_overrides(tiny_gpt(), cli_overrides=overrides)
     if config.checkpoint.save and not config.checkpoint.load:
         config.checkpoint.load = config.checkpoint.save  # resume where it saves, as the recipes do
-    if os.environ.get("EFT_TEST_NUMBERS"):
+    if os.environ.get("EFT_TEST_SNAPSHOTS"):
         sys.path.insert(0, os.path.join(_HERE, "..", "megatron_lm"))
         import numbers_log
 
-        numbers_log.enable()
+        numbers_log.record_snapshots(os.environ["EFT_TEST_SNAPSHOTS"])
     pretrain(config, forward_step)
 
 

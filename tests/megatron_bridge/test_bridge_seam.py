@@ -7,11 +7,13 @@ globals (so that the wrapper would silently never run) fails here.
 
 import importlib
 import sys
+from pathlib import Path
 
 import pytest
 
 from elasticft import bridge_seam as seam
 from elasticft import versions
+from elasticft.contract.checkpoints import TRACKER
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import cpu_emulation  # noqa: E402 - before megatron: Bridge's import reaches transformer_engine
@@ -33,9 +35,15 @@ def test_every_site_and_field_eft_uses_is_there():
     (seam.TRAIN, "train", "checkpoint_and_decide_exit"),
     (seam.TRAIN, "checkpoint_and_decide_exit", "save_checkpoint_and_time"),
     (seam.TRAIN, "train", "save_checkpoint_and_time"),
+    ("megatron.bridge.training.setup", "setup", "_should_load_checkpoint"),
+    (seam.CHECKPOINTING, "DefaultCheckpointManager.load", "load_checkpoint"),
+    (seam.CHECKPOINTING, "save_checkpoint", "dist_checkpointing"),  # then .save, on the package at call time
 ])
 def test_the_loop_calls_each_wrapped_function_by_its_global_name(caller_module, caller, callee):
-    code = getattr(importlib.import_module(caller_module), caller).__code__
+    holder = importlib.import_module(caller_module)
+    for name in caller.split("."):
+        holder = getattr(holder, name)
+    code = holder.__code__
     assert callee in code.co_names, f"{caller} no longer calls {callee} by its global name"
 
 
@@ -66,3 +74,40 @@ def test_the_transformer_engine_stand_in_is_gone_after_bridge_imported():
     assert "transformer_engine" not in sys.modules
     assert importlib.util.find_spec("transformer_engine") is None
     assert not getattr(te_extension, "HAVE_TE", False)
+
+
+def test_bridges_checkpoint_holds_the_files_a_memory_snapshot_carries_beside_the_tensors(plain):
+    """Bridge's load reads train_state.pt and run_config.yaml from the iteration's directory: a
+    snapshot writes them under the names the tier carries whole (contract.memory.GLOBAL_FILES),
+    and a checkpoint of Bridge's own has them there."""
+    from elasticft.contract.memory import BRIDGE_RUN_CONFIG, BRIDGE_TRAIN_STATE, GLOBAL_FILES, is_shard_file
+
+    _, ckpt = plain
+    iteration_dir = seam.function(seam.CHECKPOINT_NAME)(str(ckpt), 3)
+    for site, name in ((seam.TRAIN_STATE_FILE, BRIDGE_TRAIN_STATE), (seam.RUN_CONFIG_FILE, BRIDGE_RUN_CONFIG)):
+        path = seam.function(site)(iteration_dir)
+        assert path == f"{iteration_dir}/{name}" and name in GLOBAL_FILES and not is_shard_file(name)
+        assert Path(path).is_file()
+
+
+def test_the_disk_tier_bridge_would_load_on_its_own_is_what_its_tracker_names(plain, tmp_path):
+    """What a memory iteration must be at least as new as: checkpoint.load's tracker (Bridge's
+    own checkpoint), a global non-persistent one if newer, nothing when setup would not load or
+    a fine-tuning would start over."""
+    from megatron.bridge.training.utils.omegaconf_utils import process_config_with_overrides
+
+    from elasticft.megatron_bridge.memory import _BridgeDisk
+    from pretrain_bridge import tiny_gpt
+
+    _, ckpt = plain
+    config = process_config_with_overrides(tiny_gpt(), cli_overrides=[f"checkpoint.load={ckpt}"])
+    assert _BridgeDisk(None, (), {}, config, None, wanted=True).complete_iterations() == [8]
+    assert _BridgeDisk(None, (), {}, config, None, wanted=False).complete_iterations() == []
+    non_persistent = tmp_path / "np"
+    non_persistent.mkdir()
+    (non_persistent / TRACKER).write_text("11")
+    config.checkpoint.non_persistent_ckpt_type, config.checkpoint.non_persistent_global_ckpt_dir = "global", str(
+        non_persistent)
+    assert _BridgeDisk(None, (), {}, config, None, wanted=True).complete_iterations() == [11]
+    config.checkpoint.finetune = True
+    assert _BridgeDisk(None, (), {}, config, None, wanted=True).complete_iterations() == []

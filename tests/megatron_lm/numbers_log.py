@@ -20,7 +20,7 @@ import time
 
 
 def enable() -> None:
-    _record_snapshots(os.environ.get("EFT_TEST_SNAPSHOTS"))
+    record_snapshots(os.environ.get("EFT_TEST_SNAPSHOTS"))
     path = os.environ.get("EFT_TEST_NUMBERS")
     if not path:
         return
@@ -44,7 +44,7 @@ def enable() -> None:
     training.training_log = training_log
 
 
-def _record_snapshots(path: str | None) -> None:
+def record_snapshots(path: str | None) -> None:
     if not path:
         return
     from elasticft.contract.run_dir import OutboxKind
@@ -56,6 +56,7 @@ def _record_snapshots(path: str | None) -> None:
         if message.get("type") == OutboxKind.MEM_SAVED:
             with open(path, "a") as out:
                 out.write(json.dumps({"node": os.environ.get("GROUP_RANK"), "iteration": message["iteration"],
+                                      "pid": os.getpid(),  # a new generation's workers are new processes
                                       "time": time.time()}) + "\n")
         return original(self, message)
 
