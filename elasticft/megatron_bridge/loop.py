@@ -53,7 +53,6 @@ class BridgeLoop(LoopDuties):
 
     def __init__(self):
         super().__init__()
-        self.memory = None  # the memory tier (BridgeMemory), made with the hook
         self._would_load = False  # Bridge's setup would have loaded on its own
         self._restored = False  # the resume went through the memory tier (it told the agent)
 
@@ -98,15 +97,7 @@ class BridgeLoop(LoopDuties):
             call = seam.bound("train", args, kwargs)
             self._start(call["global_state"])
             self.memory.guard(call["optimizer"], seam.get(call["global_state"], seam.CONFIG))
-            try:
-                result = original(*args, **kwargs)
-                self.memory.flush()  # the newest snapshot is not lost to a clean end
-                return result
-            except SystemExit:  # the loop's own exits: every rank at the same point
-                self.memory.flush()
-                raise
-            finally:
-                self.hook.close()
+            return self._run(original, args, kwargs)
         return train
 
     def _train_step(self, original):

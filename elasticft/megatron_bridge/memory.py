@@ -29,7 +29,7 @@ from pathlib import Path
 
 from elasticft import bridge_seam as seam
 from elasticft import megatron_seam
-from elasticft.megatron_lm.memory import SNAPSHOT_FORMAT, Captured, tracked
+from elasticft.megatron_lm.memory import SNAPSHOT_FORMAT, Captured, restore_through, tracked
 from elasticft.worker.memory import MemoryCheckpoints
 from elasticft.worker.snapshot import SaveRequest
 
@@ -146,20 +146,12 @@ class BridgeMemory:
         scheduler = call.get("opt_param_scheduler")  # a fallback loads again into the same scheduler
         disk = _BridgeDisk(load, args, kwargs, config, scheduler, wanted)
 
-        def load_memory(path: str, iteration: int):
-            with seam.overridden(config, {seam.LOAD_DIR: str(Path(path).parent), seam.CKPT_STEP: iteration,
-                                          seam.NON_PERSISTENT_TYPE: None, seam.PRETRAINED: None,
-                                          seam.FINETUNE: False, seam.LOAD_OPTIM: True, seam.LOAD_RNG: True}):
-                megatron_seam.rewind_scheduler(scheduler)
-                result = load(*args, **kwargs)
-            if result[0] != iteration:
-                raise RuntimeError(f"{path} holds iteration {result[0]}, not {iteration}")
-            return result
+        def pointed_at(parent: str, iteration: int):
+            return seam.overridden(config, {seam.LOAD_DIR: parent, seam.CKPT_STEP: iteration,
+                                            seam.NON_PERSISTENT_TYPE: None, seam.PRETRAINED: None,
+                                            seam.FINETUNE: False, seam.LOAD_OPTIM: True, seam.LOAD_RNG: True})
 
-        restored = self.tier.restore(load_memory, disk)
-        if restored.source == "memory" and _rank() == 0:
-            log.warning("eft: resumed at iteration %d from the memory checkpoint at %s", restored.iteration,
-                        restored.path)
+        restored = restore_through(self.tier, lambda: load(*args, **kwargs), pointed_at, scheduler, disk)
         if restored.result is not None:
             return restored.result
         return disk.result if disk.result is not None else (0, 0)

@@ -33,6 +33,7 @@ class LoopDuties:
 
     def __init__(self):
         self.hook = None  # made by every rank once the loop's state is loaded
+        self.memory = None  # the loop's memory tier (flush()), made with the hook
         self.injector = None  # --eft-inject faults that act between iterations
         self._loss: float | None = None  # the last train_step's, until the vote takes it
         self._grad_norm: float | None = None
@@ -51,6 +52,19 @@ class LoopDuties:
         """After the loop decided to go on past the iteration (every rank): the memory tier's turn."""
 
     # -- the shared duties -----------------------------------------------------------------
+
+    def _run(self, original, args: tuple, kwargs: dict):
+        """The loop's ``train`` itself; then the newest snapshot is finished on every rank at the
+        same point (a clean end, or one of the loop's own exits), and the hook closed."""
+        try:
+            result = original(*args, **kwargs)
+            self.memory.flush()  # the newest snapshot is not lost to a clean end
+            return result
+        except SystemExit:  # the loop's own exits: every rank at the same point
+            self.memory.flush()
+            raise
+        finally:
+            self.hook.close()
 
     def _timed(self, original):
         """megatron-core's ``forward_step``/``backward_step``: the rank's own work (stragglers), and

@@ -49,10 +49,6 @@ class MegatronLoop(LoopDuties):
     """eft's per-iteration duties (``duties.py``), fed by Megatron-LM's loop (one per worker process).
     The hook is made at the resume, or at train()'s start without --load."""
 
-    def __init__(self):
-        super().__init__()
-        self.memory = None  # the memory tier (MegatronMemory), made with the hook
-
     def attach(self) -> "MegatronLoop":
         seam.replace("train", self._train)
         seam.replace("train_step", self._train_step)
@@ -69,15 +65,7 @@ class MegatronLoop(LoopDuties):
         def train(*args, **kwargs):
             self._start()
             self.memory.guard(seam.bound("train", args, kwargs)["optimizer"])  # the update waits for a copy
-            try:
-                result = original(*args, **kwargs)
-                self.memory.flush()  # the newest snapshot is not lost to a clean end
-                return result
-            except SystemExit:  # the loop's own exits: every rank at the same point
-                self.memory.flush()
-                raise
-            finally:
-                self.hook.close()
+            return self._run(original, args, kwargs)
         return train
 
     def _load(self, original):

@@ -126,21 +126,31 @@ class MegatronMemory:
         scheduler = seam.bound("load_checkpoint", args, kwargs).get("opt_param_scheduler")
         disk = _MegatronDisk(load, args, kwargs, margs, scheduler)
 
-        def load_memory(path: str, iteration: int):
-            resumed = Path(path)
-            with attributes(margs, load=str(resumed.parent), ckpt_step=iteration, non_persistent_ckpt_type=None,
-                             pretrained_checkpoint=None, finetune=False, no_load_optim=False, no_load_rng=False):
-                seam.rewind_scheduler(scheduler)
-                result = load(*args, **kwargs)
-            if result[0] != iteration:
-                raise RuntimeError(f"{path} holds iteration {result[0]}, not {iteration}")
-            return result
+        def pointed_at(parent: str, iteration: int):
+            return attributes(margs, load=parent, ckpt_step=iteration, non_persistent_ckpt_type=None,
+                              pretrained_checkpoint=None, finetune=False, no_load_optim=False, no_load_rng=False)
 
-        restored = self.tier.restore(load_memory, disk)
-        if restored.source == "memory" and _rank() == 0:
-            log.warning("eft: resumed at iteration %d from the memory checkpoint at %s", restored.iteration,
-                        restored.path)
+        restored = restore_through(self.tier, lambda: load(*args, **kwargs), pointed_at, scheduler, disk)
         return restored.result if restored.result is not None else disk.result
+
+
+def restore_through(tier: MemoryCheckpoints, load, pointed_at, scheduler, disk):
+    """``tier.restore`` with a loop's own load (``load()``, Megatron-LM's or Bridge's) for its memory
+    candidates, each inside ``pointed_at(parent, iteration)`` (the load's arguments aimed at the
+    prepared iteration), ``scheduler`` rewound before it; ``disk``: the loop's own resume."""
+
+    def load_memory(path: str, iteration: int):
+        with pointed_at(str(Path(path).parent), iteration):
+            seam.rewind_scheduler(scheduler)
+            result = load()
+        if result[0] != iteration:
+            raise RuntimeError(f"{path} holds iteration {result[0]}, not {iteration}")
+        return result
+
+    restored = tier.restore(load_memory, disk)
+    if restored.source == "memory" and _rank() == 0:
+        log.warning("eft: resumed at iteration %d from the memory checkpoint at %s", restored.iteration, restored.path)
+    return restored
 
 
 class _MegatronDisk:

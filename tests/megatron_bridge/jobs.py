@@ -25,10 +25,11 @@ ITERS, PLAIN_SAVES = 8, (3, 6, 8)  # plain torchrun's run: saved every 3 iterati
 LOSS = re.compile(r"\| lm loss: ([0-9.E+-]+) \|")
 
 
-def start(tmp_path: Path, launcher: list, *overrides, name: str, env: dict | None = None) -> Launched:
-    """The recipe script under ``launcher`` with Hydra-style overrides (after ``LAYOUT``); every
+def start(tmp_path: Path, launcher: list, *overrides, name: str, env: dict | None = None,
+          layout: list[str] = LAYOUT) -> Launched:
+    """The recipe script under ``launcher`` with Hydra-style overrides (after ``layout``); every
     process of the job carries ``tmp_path`` in EFT_TEST_JOB."""
-    return Launched([*map(str, launcher), str(SCRIPT), *LAYOUT, *map(str, overrides)], tmp_path / f"{name}.log",
+    return Launched([*map(str, launcher), str(SCRIPT), *layout, *map(str, overrides)], tmp_path / f"{name}.log",
                     env={**ENV, "EFT_TEST_JOB": str(tmp_path), **(env or {})})
 
 

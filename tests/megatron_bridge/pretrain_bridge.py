@@ -78,6 +78,25 @@ def tiny_gpt(save: str | None = None):
     )
 
 
+def slowed(forward_step):
+    """Tests only: EFT_TEST_SLOW=RANK:SECONDS makes that rank's every micro batch slower (a straggler)."""
+    rank, _, seconds = os.environ.get("EFT_TEST_SLOW", "").partition(":")
+    if not rank:
+        return forward_step
+    import functools
+    import time
+
+    import torch.distributed as dist
+
+    @functools.wraps(forward_step)  # Bridge reads the step function's signature
+    def slow_forward_step(*args, **kwargs):
+        if dist.get_rank() == int(rank):
+            time.sleep(float(seconds))
+        return forward_step(*args, **kwargs)
+
+    return slow_forward_step
+
+
 def main(overrides: list[str]) -> None:
     import torch
 
@@ -98,7 +117,7 @@ def main(overrides: list[str]) -> None:
         import numbers_log
 
         numbers_log.record_snapshots(os.environ["EFT_TEST_SNAPSHOTS"])
-    pretrain(config, forward_step)
+    pretrain(config, slowed(forward_step))
 
 
 if __name__ == "__main__":  # torch_dist's spawn helper imports this file again

@@ -69,21 +69,38 @@ def test_eft_ckpt_save_saves_through_bridge_and_training_goes_on_then_sigusr1_sa
 
 def test_an_ft_launcher_command_line_runs_with_its_section_timeouts_in_force(tmp_path, plain):
     """ft_launcher's flags and the recipe's NVRx fault tolerance on (ft.enable_ft_package), only the
-    launcher renamed: eft turns NVRx's rank monitor off in one line, a rank hung inside a step is
-    caught by ft_launcher's step timeout, its stacks are logged, and the job resumes from the last
-    save with an uninterrupted run's numbers."""
+    launcher renamed (the cluster's environment asks for a memory snapshot every iteration): eft
+    turns NVRx's rank monitor off in one line, a rank hung inside a step is caught by ft_launcher's
+    step timeout, its stacks are logged, and the job resumes from the newest tier, memory (at least
+    as new as the last save), with an uninterrupted run's numbers."""
     ckpt = tmp_path / "ckpt"
     ft_launcher = ["--ft-param-rank_section_timeouts=setup:600,step:10,checkpointing:420",
                    "--ft-param-rank_out_of_section_timeout=300", "--max-restarts", "1"]
     job = start(tmp_path, [*EFT_RUN, *ft_launcher, "--eft-inject", "rank_hung:1@4"], f"checkpoint.save={ckpt}",
-                "train.train_iters=6", "checkpoint.save_interval=3", "ft.enable_ft_package=true", name="hang")
+                "train.train_iters=6", "checkpoint.save_interval=3", "ft.enable_ft_package=true", name="hang",
+                env={"EFT_MEM_CKPT_INTERVAL": "1"})
     assert job.wait(300) == 0, job.output()[-3000:]
     log = job.output()
     assert "ft.enable_ft_package off: eft times Bridge's sections in place of NVRx's rank monitor" in log
     assert re.search(r"hang: rank 1 .*section 'step' for [0-9.]+ s, after iteration [34] \(timeout 10 s\)", log)
     assert "forward_backward_no_pipelining" in log  # hung inside the step: megatron-core's schedule in its stack
     ((resumed, source, redone),) = RESUMED.findall(log)
-    assert (resumed, source) == ("3", "disk") and int(redone) in (0, 1)
+    assert source == "memory" and resumed in ("3", "4") and int(redone) in (0, 1)
     assert complete(ckpt) == [3, 6]
     assert same_numbers(log, plain[0])
+    assert leftovers(tmp_path) == []
+
+
+def test_a_slow_rank_is_reported_as_the_straggler_and_its_peers_are_not(tmp_path):
+    """At TP1 x DP2, rank 1's every micro batch is 0.1 s slower. Its peer waits for it in the
+    gradient all-reduce, so both ranks' wall step times are alike; the straggler check compares
+    each rank's own work (megatron-core's forward_step and backward_step, which Bridge's step runs),
+    which names rank 1 alone."""
+    job = start(tmp_path, [*EFT_RUN, "--eft-straggler-interval", "2"], "train.train_iters=30", name="slow",
+                layout=["model.tensor_model_parallel_size=1"], env={"EFT_TEST_SLOW": "1:0.1"})
+    assert job.wait(300) == 0, job.output()[-3000:]
+    log = job.output()
+    flagged = re.findall(r"rank (\d+) \(\S+, GPU \d+\) is a straggler: step ([0-9.]+) s vs the job's median", log)
+    assert flagged and {rank for rank, _ in flagged} == {"1"}, log[-3000:]
+    assert float(flagged[0][1]) >= 0.2  # its own work: two micro batches of at least 0.1 s each
     assert leftovers(tmp_path) == []
