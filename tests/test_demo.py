@@ -100,12 +100,15 @@ def test_without_the_health_trigger_the_iterations_since_the_periodic_save_are_r
 
 
 def test_a_node_that_comes_back_is_admitted_at_the_larger_layout(demo, reference, tmp_path):
-    # Started again as soon as node 1 is gone (its agent takes seconds to start: by then the
-    # survivor has re-planned and trains alone, with 10 iterations to go); admitted at once
-    # (--eft-join-at save would hold it for the next disk save: see tests/test_join_at.py).
-    result, facts, _ = scenario(demo, tmp_path, comeback_at=LOSE_AT, agent_flags=["--eft-join-at", "now"])
+    # Started again as soon as node 1 is gone and admitted at once (--eft-join-at save would hold
+    # it for the next disk save: see tests/test_join_at.py): in the survivor's restart round if its
+    # agent is up by then, else at the next round while the survivor trains alone (a third layout).
+    # Cold workers: with warm ones the survivor trained its last 11 iterations in 5 s while the
+    # comeback's agent took 8 s to start under CI's load (CI24), and the job ended without it.
+    result, facts, _ = scenario(demo, tmp_path, comeback_at=LOSE_AT, agent_flags=["--eft-join-at", "now"],
+                                cold_workers=True)
     layouts = facts["layouts"]
-    assert len(layouts) >= 3
+    assert len(layouts) >= 2 and layouts[-1][3] > 0  # a layout after the loss
     tp, pp, dp, resumed = layouts[-1]
     assert tp * pp * dp == 4  # back on both nodes
     saves = [r["iteration"] for r in result["log"] if r.get("event") == "save"]
