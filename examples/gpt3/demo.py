@@ -93,13 +93,17 @@ def iterations(out: Path) -> list[dict]:
 def run(args) -> dict:
     out = Path(args.out or tempfile.mkdtemp(prefix="eft-demo-"))
     out.mkdir(parents=True, exist_ok=True)
+    # Every agent is told of the GPU fault (so every node's GPUs read from the injected source);
+    # only node 1's of its loss: a fault fires once per agent, and after a comeback node 0 can be
+    # group rank 1 (ranks sort by the agents' names, <addr>_<pid>), re-train iteration --lose-at
+    # and die in its turn.
     faults = [] if args.no_health else [f"gpu_degrade:2@{args.degrade_at}"]
-    if args.lose_at:
-        faults.append(f"node_lost:1@{args.lose_at}")
     faults += getattr(args, "faults", [])  # tests add their own
+    lost = [f"node_lost:1@{args.lose_at}"] if args.lose_at else []
     run_id = uuid.uuid4().hex[:12]
     with EmbeddedEtcd() as etcd:
-        nodes = [agent(etcd.endpoint, run_id, out, args, f"node{i}", ",".join(faults)) for i in range(args.nodes)]
+        nodes = [agent(etcd.endpoint, run_id, out, args, f"node{i}", ",".join(faults + (lost if i == 1 else [])))
+                 for i in range(args.nodes)]
         comeback = None
         try:
             deadline = time.monotonic() + args.timeout
