@@ -128,3 +128,17 @@ def test_the_heartbeat_carries_the_workers_phases_and_the_agent_records_them(tmp
     recorder.stopped("restart")
     last = [e for e in ctx.events.read() if e["kind"] == EventKind.WORKERS_STOPPED][-1]
     assert "rendezvous" in last["phases"] and "replan" not in last["phases"]
+
+
+def test_a_generation_got_as_far_as_its_furthest_heartbeat(tmp_path, agent_context):
+    # A killed rank's heartbeat can lag its last iterations (written at most every
+    # STEP_WRITE_INTERVAL) while its peer's has them: eft report's iterations lost then counted
+    # one less than the restore's re-done (CI25). Both count from the furthest heartbeat.
+    ctx = agent_context("n0", tmp_path)
+    recorder = StopRecorder(ctx.record, tmp_path)
+    recorder.started()
+    ProgressWriter(tmp_path, rank=0, local_rank=0).step(19)
+    ProgressWriter(tmp_path, rank=1, local_rank=1).step(20)
+    recorder.stopped("restart")
+    (event,) = [e for e in ctx.events.read() if e["kind"] == EventKind.WORKERS_STOPPED]
+    assert (event["rank"], event["iteration"]) == (0, 20)

@@ -23,7 +23,7 @@ from elasticft.contract.checkpoints import iter_dir_name
 from elasticft.contract.events import EventKind
 from elasticft.contract.faults import REPLICA_SLOW_SECONDS, FaultKind, parse_faults
 from elasticft.contract.memory import HELD_DIR
-from elasticft.contract.progress import read_progress
+from elasticft.contract.progress import reached, read_progress
 from elasticft.contract.run_dir import FIRED_PREFIX, OutboxKind
 from elasticft.memckpt import MemoryTier
 
@@ -67,8 +67,8 @@ class MemoryService:
         Called before the previous generation's heartbeats are forgotten: they tell how
         far it got, and so how much the next one re-does.
         """
-        beats = [r.iteration for r in read_progress(self._run_dir).values() if r.iteration is not None]
-        self._reached = max(beats, default=self._reached)
+        now = reached(read_progress(self._run_dir))
+        self._reached = now if now is not None else self._reached
         if self.tier is None:
             return {}
         members = self._ctx.membership.members()

@@ -20,7 +20,7 @@ import time
 
 from elasticft.contract.events import EventKind
 from elasticft.contract.phases import RestartPhase
-from elasticft.contract.progress import read_progress
+from elasticft.contract.progress import reached, read_progress
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +64,11 @@ class StopRecorder:
 
     def summary(self, why: str) -> dict | None:
         """The running generation's ``workers_stopped`` fields as of now (None: local rank 0 has not beaten)."""
-        beat = read_progress(self._run_dir).get(0)
+        beats = read_progress(self._run_dir)
+        beat = beats.get(0)
         if beat is None or beat.started is None:
             return None
-        return dict(why=why, rank=beat.rank, iteration=beat.iteration, first_iteration=beat.first_iteration,
+        return dict(why=why, rank=beat.rank, iteration=reached(beats), first_iteration=beat.first_iteration,
                     started=beat.started, first_step=beat.first_step, last_beat=beat.time, steps=beat.steps,
                     totals=beat.totals, stalls=beat.stalls, stall_buckets={t: list(c) for t, c in beat.stall_buckets.items()},
                     phases={**self._phases, **beat.phases},

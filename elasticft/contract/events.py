@@ -74,7 +74,8 @@ class EventKind(enum.StrEnum):
     # lagging, lag (snapshots taken since), newest (taken), restorable (None: none yet), max_lag.
     MEM_CKPT_LAG = "mem_ckpt_lag"
     # The source's workers stopped (a restart, the end); why (restart, finished or failed), and what local
-    # rank 0's heartbeat says of its process: rank, iteration (last), first_iteration, started, first_step,
+    # rank 0's heartbeat says of its process: rank, iteration (the last any local rank's heartbeat says,
+    # contract.progress.reached), first_iteration, started, first_step,
     # last_beat (unix times), steps, totals ({section: seconds}), stalls ({tier: seconds} steps waited for
     # background saves), stall_buckets ({tier: counts per contract.progress.STALL_BUCKETS}). What `eft report`
     # accounts time from.

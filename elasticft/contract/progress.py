@@ -133,3 +133,13 @@ def read_progress(run_dir: str | os.PathLike) -> dict[int, ProgressRecord]:
             continue
         records[record.local_rank] = record
     return records
+
+
+def reached(beats: dict[int, ProgressRecord]) -> int | None:
+    """The highest iteration any of a node's workers got to (None: none stepped).
+
+    A heartbeat is written at most every STEP_WRITE_INTERVAL, so a killed rank's can lag its
+    last iterations while a peer's has them: how far a generation got is the most any says.
+    The restore's ``redone`` and ``eft report``'s iterations lost both count from this.
+    """
+    return max((b.iteration for b in beats.values() if b.iteration is not None), default=None)
