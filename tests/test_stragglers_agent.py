@@ -43,6 +43,29 @@ def test_an_excluded_node_is_lost_to_the_others_until_their_round_is_formed(etcd
             lease.close(clean=True)
 
 
+def test_a_straggler_whose_departure_is_seen_after_the_round_formed_without_it_is_no_loss(etcd, run_keys):
+    # The survivors' round decision and the node records come through different watches: the
+    # straggler's departure can arrive after its round formed (CI25: a second restart alone).
+    leases = {name: NodeLease(etcd, run_keys, NodeRecord(name, "h", "h", i), ttl=3) for i, name in enumerate("ab")}
+    membership = Membership(etcd, run_keys)
+    try:
+        leases["a"].set_state("excluded")  # it leaves instead of joining the next round
+        _, formed_at = etcd.get_prefix(run_keys.nodes)  # the survivors' round forms without it
+        membership.forget_excluded(formed_at)
+        leases["a"].close(clean=False)
+        wait_for(lambda: "a" not in membership.members(), 10, "the straggler's departure")
+        assert not membership.lost.is_set() and membership.take_losses() == []
+        # Marked excluded after the round formed: it was one of the round's members.
+        leases["b"].set_state("excluded")
+        leases["b"].close(clean=False)
+        wait_for(membership.lost.is_set, 10, "the member's departure")
+        assert [r.node_id for r in membership.take_losses()] == ["b"]
+    finally:
+        membership.close()
+        for lease in leases.values():
+            lease.close(clean=True)
+
+
 class FakeHandler:
     """What leave_if_straggler uses of torch's rendezvous handler."""
 

@@ -87,7 +87,8 @@ from elasticft.contract.phases import RestartPhase
 from elasticft.contract.progress import read_progress
 from elasticft.contract.records import layout_record
 from elasticft.contract.run_dir import TrainingLoop, WorkerEnv
-from elasticft.rendezvous.backend import hold_joins, rendezvous_round, share_node_lease, stand_aside_if_cut
+from elasticft.rendezvous.backend import (hold_joins, rendezvous_revision, rendezvous_round, share_node_lease,
+                                          stand_aside_if_cut)
 from elasticft.slurm.worker_env import slurm_worker_env
 
 log = logging.getLogger(__name__)
@@ -262,7 +263,7 @@ class FTElasticAgent(LocalElasticAgent):
         if ctx is not None:
             # A node that left as a straggler left before this round: its departure,
             # seen while the round formed, calls for no further restart.
-            ctx.membership.forget_excluded()
+            ctx.membership.forget_excluded(rendezvous_revision(worker_group.spec.rdzv_handler))
             if self._planner is None and worker_group.group_rank == 0:
                 # No model to plan for: still tell `eft top` what this round looks like.
                 self._rounds += 1

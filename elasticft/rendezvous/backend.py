@@ -265,6 +265,14 @@ def rendezvous_round(handler: RendezvousHandler) -> int:
     return torch_seam.rendezvous_round(handler)  # torch's own handler (the old blob backend)
 
 
+def rendezvous_revision(handler: RendezvousHandler) -> int | None:
+    """The etcd revision the members of the round this node joined last were counted at
+    (None: not eft's etcd-v3 handler, or no round yet)."""
+    if isinstance(handler, EtcdRendezvousHandler) and handler.round is not None:
+        return handler.round.revision
+    return None
+
+
 def stand_aside_if_cut(handler: RendezvousHandler) -> bool:
     """After a round's ranks are assigned: True when this node stood aside from it (it
     cannot reach the round's master; ``aside.py``) and may now join a new round."""

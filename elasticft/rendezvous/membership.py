@@ -95,6 +95,8 @@ class Membership:
         self._records: dict[str, NodeRecord] = {}
         self._lost: dict[str, NodeRecord] = {}  # every loss, for the rendezvous
         self._unreported: list[NodeRecord] = []  # losses the agent has not acted on
+        self._formed_at = 0  # the revision this node's round was formed at (forget_excluded)
+        self._excluded_at: dict[str, int] = {}  # node -> revision its record said ``excluded`` (watched)
         self.lost = threading.Event()
         self._closed = False
         self._cancel = None
@@ -115,11 +117,17 @@ class Membership:
 
     def _on_events(self, events: list[WatchEvent]) -> None:
         with self._lock:
-            for record in apply_node_events(self._records, self._prefix, events):
-                log.debug("node %s (%s) lost its lease", record.node_id, record.host)
-                self._lost[record.node_id] = record
-                self._unreported.append(record)
-                self.lost.set()
+            for event in events:
+                for record in apply_node_events(self._records, self._prefix, [event]):
+                    log.debug("node %s (%s) lost its lease", record.node_id, record.host)
+                    self._lost[record.node_id] = record
+                    if self._excluded_at.pop(record.node_id, self._formed_at + 1) <= self._formed_at:
+                        continue  # left as a straggler before this node's round formed: not a member
+                    self._unreported.append(record)
+                    self.lost.set()
+                node = event.key[len(self._prefix):]
+                if not event.deleted and node in self._records and self._records[node].state is NodeState.EXCLUDED:
+                    self._excluded_at.setdefault(node, event.revision)
 
     def _on_error(self, exc: Exception) -> None:
         if self._closed:
@@ -159,14 +167,20 @@ class Membership:
             self.lost.clear()
             return fresh
 
-    def forget_excluded(self) -> None:
+    def forget_excluded(self, formed_at: int | None = None) -> None:
         """Drop unreported departures of nodes that left as stragglers (state ``excluded``).
 
         Called after a rendezvous round completed: such a node left instead of joining
         any later round, so the round just formed is complete without it, and its
-        departure, seen while the round formed, calls for no further restart.
+        departure, seen while the round formed, calls for no further restart. ``formed_at``
+        (the etcd revision the round's members were counted at; None: unknown) covers a
+        departure this watch delivers only after the round formed (the decision comes
+        through another watch): a node marks itself excluded before it would join a
+        round and joins none after, so one marked at or before ``formed_at`` is no member.
         """
         with self._lock:
+            if formed_at is not None:
+                self._formed_at = formed_at
             self._unreported = [r for r in self._unreported if r.state is not NodeState.EXCLUDED]
             if not self._unreported:
                 self.lost.clear()
