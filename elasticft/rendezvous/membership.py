@@ -121,7 +121,8 @@ class Membership:
                 for record in apply_node_events(self._records, self._prefix, [event]):
                     log.debug("node %s (%s) lost its lease", record.node_id, record.host)
                     self._lost[record.node_id] = record
-                    if self._excluded_at.pop(record.node_id, self._formed_at + 1) <= self._formed_at:
+                    marked = self._excluded_at.pop(record.node_id, None)
+                    if marked is not None and marked <= self._formed_at:
                         continue  # left as a straggler before this node's round formed: not a member
                     self._unreported.append(record)
                     self.lost.set()
