@@ -1,0 +1,136 @@
+"""A whole restart at N nodes: from the lost node's last heartbeat to every survivor's first step.
+
+N simulated nodes (``restart_scale_node.py``: eft's agent code for the control plane, gloo
+worker stand-ins as threads; ``restart_scale_group.py``: one real etcd, nodes in processes of
+``--per-process``), one node killed, the survivors restart. Printed per N: ``eft report``'s
+restart phases, the total, which survivors took their first step at the new world size; then a
+fitted growth per phase (``restart_scale_fit.py``), the sizes beyond the measured ones marked
+"modelled", and the acceptance targets. The lease TTL (how long etcd waits before it deletes a
+dead node's keys) is outside the control path: the harness revokes the lease at the kill.
+
+  python bench/restart_scale.py                          # --sizes 8,32,128, vote group: eft's current
+  python bench/restart_scale.py --vote both              # eager full-mesh vote group vs lazily connected
+  python bench/restart_scale.py --sizes 8,32,128,256 --svg docs/restart-scale.svg --json bench/restart_scale.json
+  python bench/restart_scale.py --ranks 4,8,16           # gloo ranks as threads vs one process per rank
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from common import ROOT, table
+from restart_scale_fit import fit, picture
+from restart_scale_group import measure
+
+from elasticft.contract.phases import ORDER
+from elasticft.store import EmbeddedEtcd
+
+PHASES = [str(p) for p in ORDER]
+TARGETS = {"total": 3.0, "rendezvous": 2.0}  # seconds at 1,024 nodes (issue 53)
+
+
+def current_vote_group() -> str:
+    """What eft's Megatron-LM mode makes the vote's group as, now: lazily connected when the vote
+    group helper (``elasticft/worker/vote_group.py``) asks gloo for it; else eager (``new_group``)."""
+    helper = ROOT / "elasticft" / "worker" / "vote_group.py"
+    if helper.exists() and "LAZY" in helper.read_text().upper():
+        return "lazy"
+    return "eager"
+
+
+def run(sizes: list[int], vote: str, per_process: int, lease_ttl: float) -> list[dict]:
+    rows = []
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with EmbeddedEtcd() as etcd, tempfile.TemporaryDirectory(prefix="eft-restart-") as work, \
+            tempfile.TemporaryDirectory(prefix="eft-restart-mem-", dir=shm) as mem:
+        for n in sizes:
+            r = measure(n, etcd.endpoint, Path(work) / str(n), Path(mem), vote, per_process, lease_ttl)
+            rows.append(r)
+            print(json.dumps({k: v for k, v in r.items() if k != "ranks"}), flush=True)
+    return rows
+
+
+def report(rows: list[dict], modelled: list[int], svg: str | None, vote: str) -> dict:
+    ok = [r for r in rows if "error" not in r]
+    for r in rows:
+        if "error" in r:
+            print(f"N={r['nodes']}: {r['error']}")
+    if len(ok) < 2:
+        return {}
+    sizes = [r["nodes"] for r in ok]
+    series = {p: [r["phases"].get(p, 0.0) for r in ok] for p in PHASES}
+    series["total"] = [r["total_s"] for r in ok]
+    fits = {p: fit(sizes, v) for p, v in series.items()}
+    beyond = [n for n in modelled if n > max(sizes)]
+    headers = ["phase"] + [f"N={n}" for n in sizes] + [f"N={n} (modelled)" for n in beyond] + ["growth", "fit"]
+    lines = []
+    for p, values in series.items():
+        f = fits[p]
+        lines.append([p] + [f"{v:.3f}" for v in values] + [f"{f.at(n):.3f}" for n in beyond]
+                     + [f.growth, f"{f.model}, exp {f.exponent:.2f}, err {f.error:.0%}"])
+    print()
+    print(f"a whole restart, seconds (eft report's phases; vote group {vote}; lease TTL excluded, "
+          f"{ok[0]['lease_ttl']:g} s apart); one rank per node")
+    print(table(headers, lines))
+    print("memory prepare (inside spawn), slowest node: " + ", ".join(
+        f"N={r['nodes']} {r['memory_prepare_s']:.3f} s" for r in ok))
+    print("every survivor's first step at the new world size: " + ", ".join(
+        f"N={r['nodes']} {r['all_first_steps'] and r['worlds'] == [r['nodes'] - 1]}" for r in ok))
+    at = 1024
+    for phase, limit in TARGETS.items():
+        f = fits[phase]
+        where = "measured" if at in sizes else "modelled"
+        value = series[phase][sizes.index(at)] if at in sizes else f.at(at)
+        print(f"target: {phase} at N={at} <= {limit:g} s: {value:.2f} s ({where}) -> "
+              f"{'met' if value <= limit else 'NOT met'}")
+    superlinear = [p for p, f in fits.items() if f.exponent > 1.1 and series[p][-1] > 0.05]
+    print("phases growing faster than N (exponent > 1.1, above 50 ms): " + (", ".join(superlinear) or "none"))
+    if svg:
+        picture(Path(svg), sizes, series, fits, beyond or sizes,
+                f"A whole restart at N nodes (vote group: {vote}); dashed: modelled")
+        print(f"picture: {svg}")
+    return {"vote": vote, "lease_ttl_s": ok[0]["lease_ttl"], "phases": PHASES,
+            "measured": [{"nodes": r["nodes"], "total_s": round(r["total_s"], 4),
+                          "phases": {p: round(v, 4) for p, v in r["phases"].items()}} for r in ok],
+            "modelled": [{"nodes": n, "total_s": round(fits["total"].at(n), 4),
+                          "phases": {p: round(fits[p].at(n), 4) for p in PHASES}} for n in beyond],
+            "growth": {p: {"model": f.model, "exponent": round(f.exponent, 3), "named": f.growth}
+                       for p, f in fits.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="8,32,128", help="node counts measured, comma separated")
+    parser.add_argument("--modelled", default="256,512,1024", help="node counts beyond, from the fits")
+    parser.add_argument("--vote", default="current", choices=["current", "eager", "lazy", "both"],
+                        help="the vote's gloo group: eft's current one, eager full mesh, lazily connected")
+    parser.add_argument("--per-process", type=int, default=128, help="simulated nodes per process (threads)")
+    parser.add_argument("--lease-ttl", type=float, default=3.0, help="the nodes' lease TTL (reported apart)")
+    parser.add_argument("--svg", default="", help="write the log-log picture here (e.g. docs/restart-scale.svg)")
+    parser.add_argument("--json", default="", help="write the per-N totals here (e.g. bench/restart_scale.json)")
+    parser.add_argument("--ranks", default="", help="gloo ranks as threads vs processes at these sizes, then exit")
+    args = parser.parse_args()
+    if args.ranks:
+        from restart_scale_ranks import compare
+
+        compare([int(s) for s in args.ranks.split(",")])
+        return
+    sizes = [int(s) for s in args.sizes.split(",")]
+    modelled = [int(s) for s in args.modelled.split(",") if s]
+    votes = ["eager", "lazy"] if args.vote == "both" else [current_vote_group() if args.vote == "current" else args.vote]
+    results = {}
+    for vote in votes:
+        results[vote] = report(run(sizes, vote, args.per_process, args.lease_ttl), modelled,
+                               args.svg if vote == votes[-1] else None, vote)
+    if args.json:
+        chosen = results[votes[-1]]
+        Path(args.json).write_text(json.dumps(chosen, indent=1) + "\n")
+        print(f"per-N totals: {args.json}")
+
+
+if __name__ == "__main__":
+    main()

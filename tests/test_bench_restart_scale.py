@@ -1,0 +1,34 @@
+"""bench/restart_scale.py's harness at a few nodes: its behaviour, not its timings.
+
+One node of six is killed; the five survivors restart through eft's own agent code. The phases
+the harness reports (eft report's, from the agents' events) must add up to its total, and every
+survivor must have taken its first step in the new round at the new world size.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from elasticft.contract.phases import ORDER
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+from restart_scale_group import measure  # noqa: E402
+
+
+@pytest.mark.slow  # about 20 s on this machine, more beside other jobs
+def test_survivors_restart_at_the_new_world_size_and_the_phases_add_up(etcd_server, tmp_path):
+    n = 6
+    result = measure(n, etcd_server.endpoint, tmp_path / "work", tmp_path / "mem", vote="lazy", cap=120)
+    assert "error" not in result, result.get("error")
+    assert list(result["phases"]) == [str(p) for p in ORDER]  # every phase marked, none merged
+    assert not result["merged"]
+    assert abs(sum(result["phases"].values()) - result["total_s"]) < 1e-6
+    assert result["total_s"] > 0
+    assert result["survivors"] == n - 1
+    assert result["all_first_steps"]
+    assert result["worlds"] == [n - 1]
+    assert result["ranks"] == list(range(n - 1))
