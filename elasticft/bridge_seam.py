@@ -102,6 +102,7 @@ LOAD_DIR = "checkpoint.load"
 SAVE_INTERVAL = "checkpoint.save_interval"
 TRAIN_ITERS = "train.train_iters"
 EXIT_INTERVAL = "train.exit_interval"
+NON_PERSISTENT_INTERVAL = "checkpoint.non_persistent_save_interval"  # its loop's non-persistent saves: a vote there
 ASYNC_SAVE = "checkpoint.async_save"
 DISTRIBUTED_OPTIMIZER = "optimizer.use_distributed_optimizer"
 FULLY_RESHARDABLE = "checkpoint.dist_ckpt_optim_fully_reshardable"
@@ -119,8 +120,8 @@ OVERLAP_PARAM_GATHER = "ddp.overlap_param_gather"
 MEGATRON_FSDP = "ddp.use_megatron_fsdp"
 FT = "ft"  # FaultToleranceConfig: NVRx's rank monitor (ft_launcher only), None when off
 FT_ENABLED = "enable_ft_package"
-CONFIG_FIELDS = (TP, PP, SAVE_DIR, LOAD_DIR, SAVE_INTERVAL, TRAIN_ITERS, EXIT_INTERVAL, ASYNC_SAVE,
-                 DISTRIBUTED_OPTIMIZER, FULLY_RESHARDABLE, CKPT_FORMAT, CKPT_STEP, FINETUNE, PRETRAINED, LOAD_OPTIM,
+CONFIG_FIELDS = (TP, PP, SAVE_DIR, LOAD_DIR, SAVE_INTERVAL, TRAIN_ITERS, EXIT_INTERVAL, NON_PERSISTENT_INTERVAL,
+                 ASYNC_SAVE, DISTRIBUTED_OPTIMIZER, FULLY_RESHARDABLE, CKPT_FORMAT, CKPT_STEP, FINETUNE, PRETRAINED, LOAD_OPTIM,
                  LOAD_RNG, NON_PERSISTENT_TYPE, NON_PERSISTENT_DIR, SAVE_TOKENIZER, OVERLAP_PARAM_GATHER, MEGATRON_FSDP)
 # GlobalState: the iteration the loop has finished (train_state.step), the loop's counters (a
 # TrainState: its state_dict() is what train_state.pt holds), and the config.

@@ -131,6 +131,18 @@ CALLED = (CHECKPOINT_NAME, GET_ARGS, SAVE_CHECKPOINT, DIST_SAVE, UNWRAP_MODEL, P
 # The machine's fields a resume resets: its state (RerunState) and the requests of the last run.
 RERUN_IDLE_STATE = "NOT_RUNNING_YET"
 RERUN_REQUESTS = ("rerun_requested", "checkpoint_requested", "restart_again_requested", "continue_requested")
+# Megatron's parsed arguments (GET_ARGS) where its loop saves or stops on its own: the ranks vote
+# there (worker/cadence.py). Read from what Megatron parsed and computed, never from sys.argv:
+# --train-samples gives train_iters (setup's scheduler computes it, before the resume's load),
+# and a --yaml-cfg or pretrain()'s args_defaults may set any of them.
+LOOP_ENDS = ("save_interval", "exit_interval", "train_iters", "non_persistent_save_interval")
+
+
+def loop_ends(margs) -> dict[str, int]:
+    """``LOOP_ENDS`` from Megatron's parsed arguments ``margs``, as the Hook's keywords (the same
+    names); 0 for unset (the Hook then looks for no flag in sys.argv; a YAML config's namespace
+    holds only what the file sets)."""
+    return {name: getattr(margs, name, None) or 0 for name in LOOP_ENDS}
 
 
 def rerun_idle_after_resume(resumed: bool) -> str | None:

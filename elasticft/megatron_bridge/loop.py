@@ -16,8 +16,10 @@ one place that knows their names) with wrappers that call the originals, as
   iteration on every rank; a save-and-exit or a rollback returns True, so the loop leaves the way
   it does for ``train.exit_interval`` (the agent reads why from the heartbeat). Then Bridge's own
   decision runs (periodic saves, its signal handler, its exit conditions);
-* ``save_checkpoint_and_time``: every save of the loop is timed as the ``checkpointing``
-  section, marked complete (``.complete`` in the iteration's directory, once every rank has
+* ``save_checkpoint_and_time``: before a save the loop makes on its own where the ranks did not
+  vote (its final save at the loop's end, its signal handler's, ...), they vote, and a bad-numbers
+  verdict is not saved but rolled back (``duties.py``). Every save of the loop is timed as the
+  ``checkpointing`` section, marked complete (``.complete`` in the iteration's directory, once every rank has
   written) and acknowledged to the agent;
 * setup's ``_should_load_checkpoint`` and ``load_checkpoint`` (the resume, before the loop): the
   hook is made at the first, and the memory tier (``memory.py``) restores its newest iteration
@@ -122,6 +124,8 @@ class BridgeLoop(LoopDuties):
             iteration = seam.get(state, seam.STEP)
             if iteration == self._saved:
                 return None  # eft's vote saved this iteration a moment ago (Bridge's interval hit it too)
+            if self._refuses_save():
+                return None  # bad numbers held since the last vote: this state is not saved
             started = time.time()
             timed = contextlib.nullcontext() if self._saving or self.hook is None else self.hook.section("checkpointing")
             if self.memory is not None:
@@ -150,7 +154,8 @@ class BridgeLoop(LoopDuties):
         group = dist.new_group(backend="gloo") if torch.cuda.is_available() else None
         self.hook = Hook(save_interval=seam.get(config, seam.SAVE_INTERVAL), group=group,
                          exit_interval=seam.get(config, seam.EXIT_INTERVAL),
-                         train_iters=seam.get(config, seam.TRAIN_ITERS))
+                         train_iters=seam.get(config, seam.TRAIN_ITERS),
+                         non_persistent_save_interval=seam.get(config, seam.NON_PERSISTENT_INTERVAL))
         self.memory = BridgeMemory(self.hook, config)
 
     def _start(self, state) -> None:

@@ -7,7 +7,8 @@ have the same call sites: a ``train_step`` returning the same 8-tuple, a per-ite
 (``megatron_lm.loop.MegatronLoop``, ``megatron_bridge.loop.BridgeLoop``) binds it to its
 library's names through that library's seam and supplies the steps that differ:
 ``_save_now`` (the save eft's vote asks for, through the loop's own save function) and
-``_after_decision`` (a turn for the memory tier).
+``_after_decision`` (a turn for the memory tier); their save wrappers ask ``_refuses_save``
+before each save the loop makes on its own.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class LoopDuties:
         self._saved: int | None = None  # the iteration eft's vote just saved (no second save of it)
         self._saving = False  # inside a save the vote asked for (the hook timed it already)
         self._decided: int | None = None  # the iteration just decided on, until the next step's first micro batch
+        self._in_loop = False  # inside the loop's train()
+        self._stop: str | None = None  # why the loop stops at its next decision (a vote before its own save)
         self.work = StepWork()  # this rank's own work in the step in progress
 
     # -- what a loop's class supplies ----------------------------------------------------
@@ -56,15 +59,19 @@ class LoopDuties:
     def _run(self, original, args: tuple, kwargs: dict):
         """The loop's ``train`` itself; then the newest snapshot is finished on every rank at the
         same point (a clean end, or one of the loop's own exits), and the hook closed."""
+        self._in_loop = True
         try:
             result = original(*args, **kwargs)
             self.memory.flush()  # the newest snapshot is not lost to a clean end
-            return result
         except SystemExit:  # the loop's own exits: every rank at the same point
             self.memory.flush()
             raise
         finally:
+            self._in_loop = False
             self.hook.close()
+        if self._stop == "rollback":  # the loop's own final save was refused (Bridge's is in train())
+            raise SystemExit(0)
+        return result
 
     def _timed(self, original):
         """megatron-core's ``forward_step``/``backward_step``: the rank's own work (stragglers), and
@@ -112,9 +119,30 @@ class LoopDuties:
                     step, exit_code)
         return 0
 
+    def _refuses_save(self) -> bool:
+        """Before a save the loop makes on its own (every rank, at the same point; not one eft's vote
+        asked for): where the ranks did not vote at their newest step, they vote now
+        (``Hook.vote_held``). True when that save must not be made: bad numbers (the state is bad).
+        Then, or where the vote asks to exit, the loop stops at its next decision; after the loop
+        (Megatron-LM's final save, after train() returned) the process exits 0 now, to re-run."""
+        if self._saving or self.hook is None:
+            return False
+        action = self.hook.vote_held()
+        if action is None or not (action.exit or action.rollback):
+            return False
+        self._stop = "rollback" if action.rollback else action.reason
+        if action.rollback:
+            log.warning("bad numbers found before the loop's own save: not saving; stopping to re-run from the "
+                        "last good state")
+            if not self._in_loop:
+                raise SystemExit(0)
+        return action.rollback
+
     def _decision(self, iteration: int, call: dict, loops_own) -> bool:
         """The loop's ``checkpoint_and_decide_exit`` at ``iteration``: eft's vote first (a save it
         asks for, a save-and-exit, a rollback), then ``loops_own()``, the loop's own decision."""
+        if self._stop is not None:  # a vote before the loop's own save asked to stop (every rank)
+            return True
         # A gradient norm that is not finite is the job's (every rank has the same): all vote now, as
         # the update it came with may have spoilt the weights the next step would run on.
         spoilt = self._grad_norm is not None and not math.isfinite(self._grad_norm)

@@ -15,9 +15,12 @@ wrappers that call the originals:
   leaves the way it does for ``--exit-interval`` and the process exits 0 (the agent
   reads why from the heartbeat: eft-run's exit codes). Then Megatron's own decision runs
   (periodic saves, its signal handler, its exit conditions);
-* ``save_checkpoint_and_time``: every save of the loop is timed as the ``checkpointing``
-  section, marked complete as ``CheckpointDir`` marks it (``.complete`` in the iteration's
-  directory, once every rank has written), and acknowledged to the agent;
+* ``save_checkpoint_and_time``: before a save the loop makes on its own where the ranks did not
+  vote (its final save after ``train``, its signal handler's, its exit duration's), they vote,
+  and a bad-numbers verdict is not saved but rolled back (``duties.py``). Every save of the loop
+  is timed as the ``checkpointing`` section, marked complete as ``CheckpointDir`` marks it
+  (``.complete`` in the iteration's directory, once every rank has written), and acknowledged
+  to the agent;
 * ``load_checkpoint`` (the resume, before the loop): the Hook is made here, and the memory
   tier (``memory.py``) restores its newest iteration through it when that is the newest state.
 
@@ -104,6 +107,8 @@ class MegatronLoop(LoopDuties):
             iteration = call["iteration"]
             if iteration == self._saved:
                 return None  # eft's vote saved this iteration a moment ago (Megatron's interval hit it too)
+            if self._refuses_save():
+                return None  # bad numbers held since the last vote: this state is not saved
             margs = seam.function(seam.GET_ARGS)()
             started = time.time()
             timed = contextlib.nullcontext() if self._saving or self.hook is None else self.hook.section("checkpointing")
@@ -131,7 +136,8 @@ class MegatronLoop(LoopDuties):
         margs = seam.function(seam.GET_ARGS)()
         # On a GPU the vote goes over gloo, so it does not synchronise the device every iteration.
         group = dist.new_group(backend="gloo") if torch.cuda.is_available() else None
-        self.hook = Hook(save_interval=margs.save_interval, group=group)
+        # Where the loop saves and stops on its own, as Megatron computed them (not sys.argv's flags).
+        self.hook = Hook(group=group, **seam.loop_ends(margs))
         self.memory = MegatronMemory(self.hook, margs)
 
     def _start(self) -> None:

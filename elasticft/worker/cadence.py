@@ -9,9 +9,13 @@ budget. Each vote agrees k for the next (the MIN over the ranks of their own est
 from their measured vote and step times), so the next vote is the same iteration on every
 rank. Besides, every rank votes
 
-* where the loop saves or stops on its own (Megatron's ``--save-interval`` and
-  ``--exit-interval`` multiples, its last iteration ``--train-iters``): a verdict of bad
-  numbers must reach every rank before any of them saves;
+* where the loop saves or stops on its own (Megatron's ``--save-interval``,
+  ``--non-persistent-save-interval`` and ``--exit-interval`` multiples, its last iteration
+  ``train_iters``: the Megatron-LM mode reads them from Megatron's parsed arguments,
+  ``megatron_seam.loop_ends``): a verdict of bad numbers must reach every rank before any of
+  them saves. Where the loop saves at an iteration no rank voted at all the same (a signal's
+  save, the exit duration's, a final save), its save wrapper has the ranks vote first
+  (``Hook.vote_held``);
 * wherever a ballot has state in flight (a snapshot or a save being written) or the
   numbers check re-runs a bad iteration (``Ballot.needs_vote``).
 

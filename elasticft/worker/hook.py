@@ -16,7 +16,6 @@ that rides in it is ``numerics.py``.
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import logging
 import os
 import sys
@@ -25,14 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from elasticft.config import (
-    CheckpointConfig,
-    NumericsConfig,
-    ConfigError,
-    HangConfig,
-    convert,
-    from_env,
-)
+from elasticft.config import CheckpointConfig, NumericsConfig, from_env
 from elasticft.contract.records import CheckpointRequest
 from elasticft.contract.run_dir import OutboxKind, WorkerEnv
 from elasticft.worker.cadence import VoteCadence
@@ -40,7 +32,7 @@ from elasticft.worker.gap import gap_filter
 from elasticft.worker.numerics import NumericsGuard
 from elasticft.worker.progress import ProgressWriter, process_started_at
 from elasticft.worker.relay import Outbox, RequestFile
-from elasticft.worker.signals import ExitSignals
+from elasticft.worker.signals import ExitSignals, exit_deadline, register_stack_dump, time_limit
 from elasticft.worker.tree_max import group_max
 from elasticft.worker.vote import (  # noqa: F401 - Action and friends are the hook's API too
     CADENCE, CODE, EXIT, FILTERED, HONOURED, NO_ACTION, REASON, ROLLBACK, SAVE, SAVE_REASONS, Action, Ballot,
@@ -57,8 +49,9 @@ class Hook:
     ``compute()`` for straggler detection, other long phases in ``section(name)``, and
     call ``close()`` when training is over.
 
-    ``save_interval``, ``exit_interval`` and ``train_iters`` are the loop's own (votes are held
-    where it saves or stops on its own); each unset is read from Megatron-LM's flags in ``sys.argv``.
+    ``save_interval``, ``exit_interval``, ``train_iters`` and ``non_persistent_save_interval`` are
+    the loop's own (the ranks vote where it saves or stops on its own); the first three, unset (None),
+    are read from Megatron-LM's flags in ``sys.argv`` (0: none). ``vote_held()`` before any other save.
 
     Inert (no action ever, no signal handlers, no heartbeat) when ``EFT_RUN_DIR`` is
     unset, which is how it runs under plain torchrun. Raises ``SystemExit(0)`` if the
@@ -72,6 +65,7 @@ class Hook:
         group=None,
         exit_interval: int | None = None,
         train_iters: int | None = None,
+        non_persistent_save_interval: int | None = None,
     ):
         self.save_interval = save_interval if save_interval is not None else save_interval_from_argv(sys.argv)
         self.last_saved_iteration = last_saved_iteration
@@ -91,8 +85,8 @@ class Hook:
         self._requests = RequestFile(self.run_dir)
         self._outbox = Outbox(self.run_dir) if self._leader else None
         self._signals = ExitSignals(self.config.signals())
-        self._deadline = self._exit_deadline()
-        self._slurm_deadline = self._time_limit()
+        self._deadline = exit_deadline(self.config)
+        self._slurm_deadline = time_limit()
         self._seen: set[int] = set()  # requests this rank has read
         self._covered: set[int] = set()  # requests a save of the job covered
         self._filtered: dict[int, tuple[int, int | None]] = {}  # dropped: (iteration, last saved)
@@ -102,25 +96,16 @@ class Hook:
         # The loop's own exits and last iteration (votes are held there): given, else Megatron-LM's flags.
         exit_interval = exit_interval if exit_interval is not None else int_flag(sys.argv, "--exit-interval")
         train_iters = train_iters if train_iters is not None else int_flag(sys.argv, "--train-iters")
-        self._cadence = VoteCadence(self.config.vote_budget, (self.save_interval, exit_interval), train_iters)
+        self._cadence = VoteCadence(self.config.vote_budget,
+                                    (self.save_interval, exit_interval, non_persistent_save_interval), train_iters)
+        self._unvoted: int | None = None  # the newest step, when the ranks did not vote at it
         self._ballots: list[Ballot] = []  # others that vote in the same exchange (the memory tier)
         numerics = from_env(NumericsConfig)
         # A collective: every rank makes its Hook.
         self.numerics = NumericsGuard(self.run_dir, group, self._outbox, numerics) if numerics.numerics_check else None
         self.progress = ProgressWriter(self.run_dir, dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")),
-                                       dump_signal=self._register_stack_dump(),
+                                       dump_signal=register_stack_dump(),
                                        started=process_started_at())
-
-    @staticmethod
-    def _register_stack_dump() -> int | None:
-        """Let the agent ask for this rank's Python stacks with a signal (hang reports)."""
-        try:
-            signum = from_env(HangConfig).stack_signum()
-        except ConfigError as exc:
-            log.warning("no stack dumps on request: %s", exc)
-            return None
-        faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=False)
-        return signum
 
     def stalled(self, tier: str, seconds: float) -> None:
         """Training waited ``seconds`` inside a step for a save of ``tier`` ("disk", "memory")
@@ -131,20 +116,6 @@ class Hook:
     @property
     def inert(self) -> bool:
         return not self.run_dir
-
-    def _exit_deadline(self) -> float | None:
-        minutes = self.config.exit_duration_mins
-        if not minutes:
-            return None
-        raw = os.environ.get(WorkerEnv.START_TIME, "")
-        start = convert("start_time", raw, 0.0, WorkerEnv.START_TIME.value) if raw else time.time()
-        return start + minutes * 60
-
-    @staticmethod
-    def _time_limit() -> float | None:
-        """When to save and exit ahead of the job's time limit (SLURM), if the agent set one."""
-        raw = os.environ.get(WorkerEnv.DEADLINE, "")
-        return convert("deadline", raw, 0.0, WorkerEnv.DEADLINE.value) if raw else None
 
     # -- every iteration -------------------------------------------------------------
 
@@ -173,8 +144,22 @@ class Hook:
         if not (vote or self._votes_at(iteration)):
             if self.numerics is not None:
                 self.numerics.unvoted()
-            self._latest = NO_ACTION
+            self._latest, self._unvoted = NO_ACTION, iteration
             return NO_ACTION  # what this rank saw waits for the next vote
+        return self._ballot(iteration, numbers)
+
+    def vote_held(self) -> Action | None:
+        """Where the loop saves on its own at an iteration the ranks did not vote at (its end, a
+        signal, its exit duration): they vote now on what they hold since the last vote, so that a
+        bad-numbers verdict rolls back (``Action.rollback``: no save) instead of being saved. Every
+        rank calls it at the same point; None when the ranks voted at their newest step."""
+        if self.inert or self._unvoted is None:
+            return None
+        return self._ballot(self._unvoted, self.numerics.again() if self.numerics is not None else [])
+
+    def _ballot(self, iteration: int, numbers: list[int]) -> Action:
+        """The vote at ``iteration``, with this rank's numbers check slots ``numbers``."""
+        self._unvoted = None
         slots = [0, 0, 0, 0, 0, self._cadence.proposal(), *numbers]  # this rank's ballot (vote.py's slots)
         request, self._held = self._held, None
         if request is not None:

@@ -69,6 +69,7 @@ class NumericsGuard:
         self.state, self._nodes = self._agree(node)
         self._held: list[int] | None = None  # the slots of the first bad iteration since the last vote
         self._seen: tuple[int, float | None, bool] | None = None  # the newest iteration: its loss, good here
+        self._newest: list[int] = []  # the newest iteration's slots
 
     # -- start: one state for the whole job ------------------------------------------
 
@@ -118,7 +119,15 @@ class NumericsGuard:
         if self._held is None and not good:
             self._held = slots
         self._seen = (iteration, loss, good)
+        self._newest = slots
         return self._held or slots
+
+    def again(self) -> list[int]:
+        """This rank's slots for a vote on its newest iteration after the step went unvoted
+        (``Hook.vote_held``): the held bad iteration's, else the newest's, whose good loss
+        ``unvoted()`` put in the window already (the verdict does not put it in twice)."""
+        self._seen = None
+        return self._held or self._newest
 
     def unvoted(self) -> None:
         """No vote at the newest iteration: a good loss of this rank's joins its window."""

@@ -1,10 +1,19 @@
-"""Preemption signals: remember that one arrived, so the next step can save and exit."""
+"""Preemption signals: remember that one arrived, so the next step can save and exit; the
+other times a rank must stop (the exit duration, the job's time limit) and the signal that
+asks it for its stacks."""
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import os
 import signal
+import sys
 import threading
+import time
+
+from elasticft.config import CheckpointConfig, ConfigError, HangConfig, convert, from_env
+from elasticft.contract.run_dir import WorkerEnv
 
 log = logging.getLogger(__name__)
 
@@ -35,3 +44,30 @@ class ExitSignals:
 
     def _handle(self, signum: int, frame) -> None:
         self.received = signum
+
+
+def register_stack_dump() -> int | None:
+    """Let the agent ask for this rank's Python stacks with a signal (hang reports); the signal."""
+    try:
+        signum = from_env(HangConfig).stack_signum()
+    except ConfigError as exc:
+        log.warning("no stack dumps on request: %s", exc)
+        return None
+    faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=False)
+    return signum
+
+
+def exit_deadline(config: CheckpointConfig) -> float | None:
+    """When --eft-exit-duration-in-mins has passed since the job's start (None: not set)."""
+    minutes = config.exit_duration_mins
+    if not minutes:
+        return None
+    raw = os.environ.get(WorkerEnv.START_TIME, "")
+    start = convert("start_time", raw, 0.0, WorkerEnv.START_TIME.value) if raw else time.time()
+    return start + minutes * 60
+
+
+def time_limit() -> float | None:
+    """When to save and exit ahead of the job's time limit (SLURM), if the agent set one."""
+    raw = os.environ.get(WorkerEnv.DEADLINE, "")
+    return convert("deadline", raw, 0.0, WorkerEnv.DEADLINE.value) if raw else None

@@ -41,6 +41,7 @@ def test_every_site_eft_uses_is_there_with_the_parameters_eft_reads():
     ("train", "train_step"),
     ("train", "checkpoint_and_decide_exit"),
     ("checkpoint_and_decide_exit", "save_checkpoint_and_time"),
+    ("pretrain", "save_checkpoint_and_time"),  # the final save after train(): eft votes before it
     ("setup_model_and_optimizer", "load_checkpoint"),
     ("forward_backward_no_pipelining", "forward_step"),
     ("forward_backward_no_pipelining", "backward_step"),
@@ -190,3 +191,18 @@ def test_a_second_load_into_the_same_scheduler_leaves_the_checkpoints_steps_afte
         resumed.load_state_dict(saved[steps][0])
     assert getattr(resumed, seam.SCHEDULER_STEPS) == 8
     assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(saved[8][1])
+
+
+def test_megatrons_arguments_hold_every_iteration_its_loop_saves_or_stops_at():
+    """The vote's cadence reads where the loop saves and stops from Megatron's parsed arguments
+    (``LOOP_ENDS``): the parser must still define each, and the loop still test each."""
+    import argparse
+
+    from megatron.training.arguments import add_megatron_arguments
+
+    defined = {action.dest for action in add_megatron_arguments(argparse.ArgumentParser())._actions}
+    assert set(seam.LOOP_ENDS) <= defined
+    training = importlib.import_module(seam.TRAINING)
+    decides = set(training.checkpoint_and_decide_exit.__code__.co_names)
+    assert {"save_interval", "non_persistent_save_interval", "exit_interval"} <= decides
+    assert "train_iters" in training.train.__code__.co_names
