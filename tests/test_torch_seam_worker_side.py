@@ -68,6 +68,26 @@ def test_init_process_group_marks_the_end_of_imports_and_of_the_process_group(tm
     assert not plain["wrapped"] and plain["stamps"] == {}
 
 
+# -- the vote's gloo group: connections on demand ---------------------------------------------
+
+
+def test_a_lazy_gloo_group_connects_a_rank_only_to_the_peers_it_talks_to(tmp_path):
+    """torch reads TORCH_GLOO_LAZY_INIT when it builds the group's gloo backend: eft's group opens a
+    rank's connections only to the tree neighbours it votes with (a fast neighbour may connect while
+    a rank still makes the group), while a plain gloo group made after it is still the full mesh,
+    and the variable is as it was (16 real gloo ranks)."""
+    ranks = 16
+    done = subprocess.run([sys.executable, "-m", "tests.vote_group_ranks", "seam", str(ranks), str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(ranks)]
+    for result in results:
+        assert result["backend"] == "gloo" and result["env"] is None
+        assert result["made"] <= result["voted"] <= 1 + 4  # the listener and its tree neighbours: log2(16)
+        assert result["plain"] >= ranks - 1
+        assert result["agreed"] == [ranks - 1, ranks]
+
+
 # -- torch_dist checkpoints: where items lie, and a load that reads them by ranges -------------
 
 

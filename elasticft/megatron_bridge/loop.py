@@ -144,14 +144,13 @@ class BridgeLoop(LoopDuties):
 
     def _make_hook(self, config) -> None:
         """Every rank, once Bridge's process groups exist: the hook and the memory tier."""
-        import torch
-        import torch.distributed as dist
-
         from elasticft.megatron_bridge.memory import BridgeMemory
         from elasticft.worker.hook import Hook
+        from elasticft.worker.vote_group import vote_group
 
-        # On a GPU the vote goes over gloo, so it does not synchronise the device every iteration.
-        group = dist.new_group(backend="gloo") if torch.cuda.is_available() else None
+        # The vote's own gloo group, connected on demand (worker/vote_group.py): no device sync per
+        # vote on a GPU, and the same group on CPU, so that the CPU tests take the GPU's path.
+        group = vote_group()
         self.hook = Hook(save_interval=seam.get(config, seam.SAVE_INTERVAL), group=group,
                          exit_interval=seam.get(config, seam.EXIT_INTERVAL),
                          train_iters=seam.get(config, seam.TRAIN_ITERS),

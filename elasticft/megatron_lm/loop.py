@@ -127,15 +127,14 @@ class MegatronLoop(LoopDuties):
 
     def _make_hook(self) -> None:
         """Every rank, once Megatron's process groups exist: the hook and the memory tier."""
-        import torch
-        import torch.distributed as dist
-
         from elasticft.megatron_lm.memory import MegatronMemory
         from elasticft.worker.hook import Hook
+        from elasticft.worker.vote_group import vote_group
 
         margs = seam.function(seam.GET_ARGS)()
-        # On a GPU the vote goes over gloo, so it does not synchronise the device every iteration.
-        group = dist.new_group(backend="gloo") if torch.cuda.is_available() else None
+        # The vote's own gloo group, connected on demand (worker/vote_group.py): no device sync per
+        # vote on a GPU, and the same group on CPU, so that the CPU tests take the GPU's path.
+        group = vote_group()
         # Where the loop saves and stops on its own, as Megatron computed them (not sys.argv's flags).
         self.hook = Hook(group=group, **seam.loop_ends(margs))
         self.memory = MegatronMemory(self.hook, margs)

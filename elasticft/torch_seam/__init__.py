@@ -362,6 +362,7 @@ _check_installed_torch()
 
 # The worker's side (defined after the checks above, which it relies on).
 from elasticft.torch_seam.worker_side import (  # noqa: E402,F401 - the seam's face
+    lazy_gloo_group,
     observe_init_process_group,
     ranged_storage_reads,
     storage_location,

@@ -1,5 +1,6 @@
 """The worker's side of the torch seam: error files torch's failure report reads, the
-process group's formation observed, and torch_dist checkpoints read by byte ranges.
+process group's formation observed, the vote's gloo group that connects on demand, and
+torch_dist checkpoints read by byte ranges.
 
 Part of ``elasticft.torch_seam`` (which re-exports every name here): the private torch names
 that the agent's diagnoses and the workers' restores rely on, each behind a function that
@@ -68,6 +69,34 @@ def observe_init_process_group(called: Callable[[], None], returned: Callable[[]
     init_process_group.eft_observed = True
     _replace_attribute(distributed_c10d, "init_process_group", init_process_group)
     _replace_attribute(dist, "init_process_group", init_process_group)
+
+
+# -- a gloo group that connects on demand (the vote's) -------------------------------------
+
+# torch's switch for gloo's connections on demand (documented under "Improving initialization time").
+GLOO_LAZY_INIT = "TORCH_GLOO_LAZY_INIT"
+
+
+def lazy_gloo_group() -> Any:
+    """A new gloo group over every rank of the job (a collective, like ``new_group``) that opens a
+    rank's TCP connection to a peer at their first message, not a full mesh when it is made.
+
+    torch documents the switch only as a process-wide variable; what eft relies on is where torch
+    reads it: when the group's ProcessGroupGloo is built (its default device), on every torch of
+    the range. So it is set around this one ``new_group`` and put back as it was, and the user's
+    own gloo groups, made before or after, connect as the user chose.
+    """
+    import torch.distributed as dist
+
+    before = os.environ.get(GLOO_LAZY_INIT)
+    os.environ[GLOO_LAZY_INIT] = "1"
+    try:
+        return dist.new_group(backend="gloo")
+    finally:
+        if before is None:
+            del os.environ[GLOO_LAZY_INIT]
+        else:
+            os.environ[GLOO_LAZY_INIT] = before
 
 
 # -- torch_dist checkpoints: where each storage item lies, and a ranged read of them ------------

@@ -34,6 +34,7 @@ from elasticft.worker.progress import ProgressWriter, process_started_at
 from elasticft.worker.relay import Outbox, RequestFile
 from elasticft.worker.signals import ExitSignals, exit_deadline, register_stack_dump, time_limit
 from elasticft.worker.tree_max import group_max
+from elasticft.worker.vote_group import hook_group
 from elasticft.worker.vote import (  # noqa: F401 - Action and friends are the hook's API too
     CADENCE, CODE, EXIT, FILTERED, HONOURED, NO_ACTION, REASON, ROLLBACK, SAVE, SAVE_REASONS, Action, Ballot,
     int_flag, request_hash, save_interval_from_argv, vote_device,
@@ -79,9 +80,9 @@ class Hook:
         if self.config.kill_switch_present():
             log.warning("kill switch %s exists: exiting before training starts", self.config.kill_switch)
             raise SystemExit(0)
-        self._group = group
-        self._device = vote_device(group)
-        self._leader = dist.get_rank(group) == 0
+        self._group = hook_group(group)  # a collective where it makes the vote's own group
+        self._device = vote_device(self._group)
+        self._leader = dist.get_rank(self._group) == 0
         self._requests = RequestFile(self.run_dir)
         self._outbox = Outbox(self.run_dir) if self._leader else None
         self._signals = ExitSignals(self.config.signals())
@@ -102,7 +103,8 @@ class Hook:
         self._ballots: list[Ballot] = []  # others that vote in the same exchange (the memory tier)
         numerics = from_env(NumericsConfig)
         # A collective: every rank makes its Hook.
-        self.numerics = NumericsGuard(self.run_dir, group, self._outbox, numerics) if numerics.numerics_check else None
+        self.numerics = (NumericsGuard(self.run_dir, self._group, self._outbox, numerics)
+                         if numerics.numerics_check else None)
         self.progress = ProgressWriter(self.run_dir, dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")),
                                        dump_signal=register_stack_dump(),
                                        started=process_started_at())
@@ -204,7 +206,7 @@ class Hook:
 
     @property
     def group(self):
-        """The process group whose ranks agree (None: WORLD)."""
+        """The process group whose ranks agree (None: WORLD; ``vote_group.hook_group`` says which)."""
         return self._group
 
     def agree(self, values: list[int]) -> list[int]:
