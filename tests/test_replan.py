@@ -73,3 +73,53 @@ def test_spare_ranks_get_no_worker(tmp_path, eft_job):
     (tmp_path / "finish").touch()
     assert node.wait(60) == 0, node.output()
     assert len(read_jsonl(tmp_path / "starts.jsonl")) == 2
+
+
+class CountingClient:
+    """The test's real etcd client, counting the read requests the round's planners send."""
+
+    def __init__(self, client):
+        self._client, self.reads = client, 0
+
+    def __getattr__(self, name):
+        method = getattr(self._client, name)
+        if name.startswith("get"):
+            def counted(*args, **kwargs):
+                self.reads += 1
+                return method(*args, **kwargs)
+            return counted
+        return method
+
+
+@pytest.mark.parametrize("nodes", [4, 16])
+def test_a_round_s_planners_agree_in_reads_that_grow_as_the_nodes_not_their_square(etcd, nodes):
+    """Every agent of a round plans from every node's GPU count; before, each read all N counts
+    (N² reads a round, bench/restart_scale.py's replan phase); now rank 0 reads them once."""
+    import threading
+    import uuid
+    from datetime import timedelta
+
+    from elasticft.agent.replan import RoundPlanner
+    from elasticft.config import PlannerConfig
+    from elasticft.store.c10d_store import EtcdStore
+
+    client = CountingClient(etcd)
+    store = EtcdStore(client, f"/eft-test/{uuid.uuid4().hex}/c10d/", timeout=timedelta(seconds=60))
+    gpus = [2] * (nodes - 1) + [1]  # the last node lost a GPU
+    shares: dict[int, object] = {}
+
+    def agent(rank: int) -> None:
+        planner = RoundPlanner.for_worker(tuple(MODEL), PlannerConfig())
+        shares[rank] = planner.assign(store, rank, nodes, gpus[rank])
+
+    threads = [threading.Thread(target=agent, args=(rank,)) for rank in reversed(range(nodes))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(shares) == list(range(nodes))
+    assert all(shares[r].plan == shares[0].plan for r in shares)  # one plan, agreed without talking further
+    plan = shares[0].plan
+    assert [shares[r].first_rank for r in range(nodes)] == [sum(plan.used_per_node[:r]) for r in range(nodes)]
+    assert all(shares[r].local_workers <= gpus[r] for r in range(nodes))
+    assert client.reads <= 3 * nodes  # a read or two a node (and a wait's re-read), not N a node

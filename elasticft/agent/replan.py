@@ -1,8 +1,11 @@
 """Re-planning at every rendezvous: a legal TP x PP x DP for the GPUs that are there.
 
 The agent asks ``RoundPlanner`` for a plan once per rendezvous round. Every agent
-shares its GPU count through the round's c10d store, so all of them feed the same
-inputs to the (deterministic) planner and agree without talking further. The plan
+puts its GPU count in the round's c10d store; the round's rank 0 reads them all (one
+batched read) and puts the list back as one short key (runs of equal counts: a few bytes
+for a homogeneous job of any size), which every other agent reads. So all of them feed the
+same inputs to the (deterministic) planner and agree, and a round costs the store N puts,
+N reads and one batch, not N reads by each of N agents. The plan
 decides which local workers run (spare ranks sit out), their global ranks, the
 rewritten ``--tensor-model-parallel-size``/``--pipeline-model-parallel-size`` and
 ``EFT_TP``/``EFT_PP``/``EFT_DP``.
@@ -31,6 +34,7 @@ from elasticft.planner.megatron_args import (
 log = logging.getLogger(__name__)
 
 _GPUS_KEY = "eft/local_world_size/"
+_COUNTS_KEY = "eft/local_world_sizes"  # every node's count, in order, as runs: "8*1023,4"
 _MODEL_FLAGS = ("--num-layers", "--num-attention-heads")
 
 
@@ -75,8 +79,13 @@ class RoundPlanner:
         Raises NoLegalLayout when no layout fits (the agent must then exit, not loop).
         """
         store.set(f"{_GPUS_KEY}{group_rank}", str(local_world_size))
-        counts = store.multi_get([f"{_GPUS_KEY}{i}" for i in range(group_world_size)])
-        nodes = [int(c) for c in counts]
+        if group_rank == 0:
+            nodes = [int(c) for c in store.multi_get([f"{_GPUS_KEY}{i}" for i in range(group_world_size)])]
+            store.set(_COUNTS_KEY, encode_counts(nodes))
+        else:
+            nodes = decode_counts(store.get(_COUNTS_KEY))
+        if len(nodes) != group_world_size:
+            raise RuntimeError(f"the round's GPU counts name {len(nodes)} nodes, not {group_world_size}")
         policy = replace(self._policy, preferred_tp=self.previous_tp or None)
         chosen = plan(self._facts.model, self._facts.batch, nodes, policy)
         self.previous_tp = chosen.tp
@@ -93,4 +102,25 @@ class RoundPlanner:
         return plan_env(self.current)
 
 
-__all__ = ["NoLegalLayout", "RankAssignment", "RoundPlanner"]
+def encode_counts(counts: list[int]) -> str:
+    """``[8, 8, 8, 4]`` as ``"8*3,4"``: each run of equal counts once."""
+    runs: list[list[int]] = []
+    for count in counts:
+        if runs and runs[-1][0] == count:
+            runs[-1][1] += 1
+        else:
+            runs.append([count, 1])
+    return ",".join(f"{count}*{times}" if times > 1 else str(count) for count, times in runs)
+
+
+def decode_counts(raw: bytes | str) -> list[int]:
+    """The list ``encode_counts`` wrote."""
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    counts: list[int] = []
+    for run in filter(None, text.split(",")):
+        count, _, times = run.partition("*")
+        counts += [int(count)] * int(times or 1)
+    return counts
+
+
+__all__ = ["NoLegalLayout", "RankAssignment", "RoundPlanner", "decode_counts", "encode_counts"]

@@ -197,8 +197,12 @@ class EtcdStore(Store):
         """The values of ``keys``, waiting for each until ``timeout`` has passed in all."""
         deadline = time.monotonic() + timeout.total_seconds()
         values = []
+        present = self._read_together(keys)
         for key in keys:
             full = self._key(key)
+            if full in present:
+                values.append(present[full])
+                continue
             while True:
                 found, revision = self._client.get_with_revision(full)
                 if found is not None:
@@ -206,6 +210,15 @@ class EtcdStore(Store):
                     break
                 self._await_change([full], revision, deadline, lambda: self._timeout_error(keys, timeout))
         return values
+
+    def _read_together(self, keys: list[str]) -> dict[str, bytes]:
+        """The keys already set, read in one range request: a round's rank 0 reads every node's
+        key (or Gloo its peers' addresses), and one request per key would be N round trips."""
+        if len(keys) < 2:
+            return {}
+        wanted = {self._key(key) for key in keys}
+        found, _ = self._client.get_range(min(wanted), max(wanted) + "\0")
+        return {kv.key: kv.value for kv in found if kv.key in wanted}
 
     def _timeout_error(self, keys: list[str], timeout: timedelta) -> DistStoreError:
         # TCPStore's wording, naming every key waited for (by its etcd key, where one would look).
