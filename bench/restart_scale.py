@@ -12,6 +12,10 @@ dead node's keys) is outside the control path: the harness revokes the lease at 
   python bench/restart_scale.py --vote both              # eager full-mesh vote group vs lazily connected
   python bench/restart_scale.py --sizes 8,32,128,256 --svg docs/restart-scale.svg --json bench/restart_scale.json
   python bench/restart_scale.py --ranks 4,8,16           # gloo ranks as threads vs one process per rank
+  python bench/restart_scale.py --sizes 8,32,128,256 --write-curve elasticft/goodput/restart_measured.py
+
+``--write-curve`` writes the measured phases (detection apart: ``eft simulate`` charges it
+on its own) as the module ``eft simulate`` reads its restart cost from.
 """
 
 from __future__ import annotations
@@ -102,6 +106,40 @@ def report(rows: list[dict], modelled: list[int], svg: str | None, vote: str) ->
                        for p, f in fits.items()}}
 
 
+CURVE_MODULE = '''"""A restart's control path at the node counts bench/restart_scale.py measured: written by its
+--write-curve ({when}), not by hand. ``eft simulate`` charges a restart what this curve says at the
+job's size (``restart_curve.py``); detection, the lease's expiry, is its own cost.
+"""
+
+from elasticft.goodput.restart_curve import RestartCurve
+
+SOURCE = {source!r}
+NODES = {nodes!r}
+PHASES = {{
+{phases}
+}}
+
+
+def measured_curve() -> RestartCurve:
+    return RestartCurve(NODES, PHASES, SOURCE)
+'''
+
+
+def write_curve(path: Path, result: dict) -> None:
+    """``result`` (``report``'s) as the module ``eft simulate`` reads."""
+    import datetime
+
+    when = datetime.date.today().isoformat()
+    measured = result["measured"]
+    phases = "\n".join(f"    {p!r}: {tuple(r['phases'].get(p, 0.0) for r in measured)!r},"
+                       for p in result["phases"] if p != "detection")
+    source = (f"bench/restart_scale.py {when}, {os.cpu_count()} cores, vote group {result['vote']}, "
+              f"one rank per node")
+    path.write_text(CURVE_MODULE.format(when=when, source=source, nodes=tuple(r["nodes"] for r in measured),
+                                        phases=phases))
+    print(f"eft simulate's curve: {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="8,32,128", help="node counts measured, comma separated")
@@ -112,6 +150,8 @@ def main() -> None:
     parser.add_argument("--lease-ttl", type=float, default=3.0, help="the nodes' lease TTL (reported apart)")
     parser.add_argument("--svg", default="", help="write the log-log picture here (e.g. docs/restart-scale.svg)")
     parser.add_argument("--json", default="", help="write the per-N totals here (e.g. bench/restart_scale.json)")
+    parser.add_argument("--write-curve", default="", help="write eft simulate's restart curve module here "
+                        "(elasticft/goodput/restart_measured.py)")
     parser.add_argument("--ranks", default="", help="gloo ranks as threads vs processes at these sizes, then exit")
     args = parser.parse_args()
     if args.ranks:
@@ -130,6 +170,8 @@ def main() -> None:
         chosen = results[votes[-1]]
         Path(args.json).write_text(json.dumps(chosen, indent=1) + "\n")
         print(f"per-N totals: {args.json}")
+    if args.write_curve and results[votes[-1]]:
+        write_curve(Path(args.write_curve), results[votes[-1]])
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from elasticft.goodput.costs import JobCosts
 from elasticft.goodput.failures import DAY, LLAMA3_GPU_MTBF_HOURS, Prediction, TitanLifetimes, \
     default_titan_csv, draw_trace
 from elasticft.goodput.policies import LOSSES, PRESET_HELP, PRESETS, Cluster, default_spare_nodes
+from elasticft.goodput.restart_measured import measured_curve
 from elasticft.goodput.sim_plot import picture
 from elasticft.goodput.simulate import simulate_job
 from elasticft.goodput.svg import SvgError
@@ -26,10 +27,11 @@ from launcher.one_line import OneLineErrors, fail
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Costs when neither --costs nor the flag gives one: assumptions for a large model on H100s
-# (docs/goodput.md gives each one's source).
+# (docs/goodput.md gives each one's source). The restart's is not one number: it is the measured
+# curve's at the job's node count (elasticft/goodput/restart_measured.py, bench/restart_scale.py).
 DEFAULT_COSTS = {
     "iteration_seconds": 10.0, "save_seconds": 60.0, "save_interval_seconds": 0.0,
-    "detection_seconds": 5.0, "restart_seconds": 30.0, "load_seconds": 60.0,
+    "detection_seconds": 5.0, "load_seconds": 60.0,
     "memory_save_seconds": 1.0, "memory_interval_seconds": 0.0, "memory_load_seconds": 10.0,
     "reshard_seconds": 30.0,
 }
@@ -41,7 +43,8 @@ def _fail(message: str) -> NoReturn:
 
 def _cost_option(name: str, help_text: str):
     flag = "--" + name.replace("_", "-")
-    return typer.Option(None, flag, help=f"{help_text} (default {DEFAULT_COSTS[name]:g}, or --costs)")
+    default = f"{DEFAULT_COSTS[name]:g}" if name in DEFAULT_COSTS else "the measured curve's at --gpus"
+    return typer.Option(None, flag, help=f"{help_text} (default {default}, or --costs)")
 
 
 def _read_costs(path: Optional[Path]) -> dict:
@@ -113,7 +116,8 @@ def simulate_command(
     save_interval_seconds: Optional[float] = _cost_option(
         "save_interval_seconds", "training between disk saves, s; 0: Young-Daly"),
     detection_seconds: Optional[float] = _cost_option("detection_seconds", "eft: failure to detection, s"),
-    restart_seconds: Optional[float] = _cost_option("restart_seconds", "eft: detection to new workers, s"),
+    restart_seconds: Optional[float] = _cost_option("restart_seconds", "eft: a restart's control path "
+                                                    "(stop to first step, the state's load apart), s"),
     load_seconds: Optional[float] = _cost_option("load_seconds", "load of a disk checkpoint, s"),
     memory_save_seconds: Optional[float] = _cost_option("memory_save_seconds", "stall of a memory checkpoint, s"),
     memory_interval_seconds: Optional[float] = _cost_option(
@@ -166,6 +170,10 @@ def simulate_command(
              "memory_save_seconds": memory_save_seconds, "memory_interval_seconds": memory_interval_seconds,
              "memory_load_seconds": memory_load_seconds, "reshard_seconds": reshard_seconds}
     values.update({name: value for name, value in given.items() if value is not None})
+    curve, nodes = None, max(1, gpus // gpus_per_node)
+    if "restart_seconds" not in values:  # neither the flag nor --costs: what a restart costs at this size
+        curve = measured_curve()
+        values["restart_seconds"] = curve.seconds(nodes)
     try:
         costs = JobCosts.from_json(values)
     except (TypeError, ValueError) as exc:
@@ -211,9 +219,12 @@ def simulate_command(
             "causes": trace.cause_counts(), "false_alarms": len(trace.alarms),
             "spare_nodes": cluster.spare_nodes, "repair_hours": repair_hours,
             "costs": {name: c.to_json() for name, c in used.items()},
+            "restart_curve": curve.describe(nodes) if curve else None,
             "policies": [r.to_json() for r in results], "seconds": elapsed}, indent=2))
     else:
         typer.echo(_table(results, used, trace, cluster, job_mtbf))
+        if curve is not None:
+            typer.echo(f"eft's {curve.describe(nodes)}")
         typer.echo(f"simulated in {elapsed:.2f} s")
 
 
