@@ -74,7 +74,7 @@ from elasticft.agent.memory import MemoryService
 from elasticft.agent.metrics import AgentParts, MetricsService
 from elasticft.agent.numerics import NumericsWatch
 from elasticft.agent.observe import Observer
-from elasticft.agent.orphans import end_sessions, workers_die_with_agent
+from elasticft.agent.orphans import helpers_exited, kill_sessions, workers_die_with_agent
 from elasticft.agent.outcome import record_outcome
 from elasticft.agent.replan import RoundPlanner
 from elasticft.agent.restart_budget import BudgetExhausted, RestartBudget, failed_result
@@ -120,6 +120,7 @@ class FTElasticAgent(LocalElasticAgent):
         self._pending: Decision = REPORT
         self._rounds = 0
         self._sessions: set[int] = set()  # this generation's session ids (workers' pids): what they leave ends with them
+        self._leftovers: list = []  # what the last stop killed in those sessions, awaited before the next start
         self.membership_restarts = 0
         # Why this node's workers last agreed to save and exit (None: they did not), read
         # from their heartbeats when the agent ends: eft-run's exit status (ExitCode.after_stop).
@@ -203,7 +204,7 @@ class FTElasticAgent(LocalElasticAgent):
         self._warm.stand_ready(spec.entrypoint, spec.args, spec.local_world_size)  # imports while the round forms
 
     def _finish(self, clean: bool, stopped_by: str | None) -> None:
-        end_sessions(self._sessions)
+        helpers_exited([*self._leftovers, *kill_sessions(self._sessions)])  # what the workers left (orphans.py)
         self._warm.close()
         if self._stops is not None:
             self._stops.stopped("finished" if clean else "failed")
@@ -308,6 +309,8 @@ class FTElasticAgent(LocalElasticAgent):
         if self._planner is not None:
             worker_group.spec.args = self._planner.worker_args()
             os.environ.update(self._planner.worker_env())
+        helpers_exited(self._leftovers)  # killed at the stop; their exit overlapped the rendezvous
+        self._leftovers = []
         if not worker_group.workers:
             # A spare node: nothing to run until the next membership change.
             torch_seam.forget_worker_processes(self)
@@ -329,8 +332,8 @@ class FTElasticAgent(LocalElasticAgent):
         if self._hangs is not None:
             self._hangs.wait_for_stacks()
         super()._shutdown(self._pending.stop_signal)
-        end_sessions(self._sessions)  # what the stopped workers started (orphans.py); ids reused later are not ours
-        self._sessions = set()
+        self._leftovers += kill_sessions(self._sessions)  # what they started; exits awaited at the next start
+        self._sessions = set()  # ids reused later are not ours
         if self._stops is not None:
             self._stops.stopped("restart")
 

@@ -26,10 +26,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
+import select
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Collection, Iterator
 
 from torch.distributed.elastic.agent.server.api import WorkerSpec
@@ -107,8 +110,8 @@ def workers_die_with_agent(spec: WorkerSpec, enabled: bool) -> Iterator[None]:
         spec.entrypoint, spec.args = entrypoint, args
 
 
-def end_sessions(sessions: Collection[int]) -> list[int]:
-    """SIGKILL what is left in the workers' sessions once they are stopped; the pids ended.
+def kill_sessions(sessions: Collection[int]) -> list:
+    """SIGKILL what is left in the workers' sessions once they are stopped; the processes killed.
 
     torch starts each worker in a session of its own (its pid is the session id), and
     whatever a worker starts stays in that session even after the worker dies and its
@@ -128,8 +131,73 @@ def end_sessions(sessions: Collection[int]) -> list[int]:
                 ended.append(process)
         except (psutil.NoSuchProcess, ProcessLookupError, PermissionError):
             pass
-    if ended:
-        # Gone before the next generation starts: what they held (memory, a GPU) is free then.
-        psutil.wait_procs(ended, timeout=HELPERS_GONE_TIMEOUT)
-        log.info("ended %d process(es) the workers left behind: %s", len(ended), ", ".join(str(p.pid) for p in ended))
-    return [p.pid for p in ended]
+    return ended
+
+
+def helpers_exited(ended: Collection) -> None:
+    """Wait (bounded) until the processes ``kill_sessions`` killed have exited: what they held
+    (memory, a GPU) is free for the next generation. Exited, not reaped (``wait_exited``): their
+    parent is init, or a container's PID 1, which reaps when it gets round to it (every 1.5 s
+    on a Firecracker VM) or never; waiting for that was a restart's whole ``stop`` phase."""
+    if not ended:
+        return
+    stuck = wait_exited(ended, HELPERS_GONE_TIMEOUT)
+    log.info("ended %d process(es) the workers left behind: %s", len(ended), ", ".join(str(p.pid) for p in ended))
+    if stuck:
+        log.warning("%d killed process(es) still running after %g s (stuck in the kernel?): %s; going on",
+                    len(stuck), HELPERS_GONE_TIMEOUT, ", ".join(str(p.pid) for p in stuck))
+
+
+def wait_exited(processes: Collection, timeout: float) -> list:
+    """Wait until every one of ``processes`` (psutil.Process) has exited; those still running after
+    ``timeout`` seconds.
+
+    Exited, not reaped: a zombie has released its memory, files and devices and waits only for
+    its parent to collect its status, which for an orphan is init's business, not the agent's.
+    The exits are awaited all at once on pidfds (readable when the process exits, Linux >= 5.3),
+    so the wait ends with the last exit, whatever the number of processes; where a pidfd cannot
+    be had, the process's state is looked at, more and more rarely (up to every 40 ms).
+    """
+    watched: dict[int, object] = {}  # pidfd -> process
+    looked_at = []  # no pidfd: their state is read
+    poller = select.poll()
+    for process in processes:
+        try:
+            fd = os.pidfd_open(process.pid)
+        except ProcessLookupError:
+            continue  # reaped already
+        except (OSError, AttributeError):  # an old kernel or Python, or no file descriptor left
+            looked_at.append(process)
+            continue
+        if not process.is_running():  # the pid was reaped and reused before the pidfd was had: ours is gone
+            os.close(fd)
+            continue
+        watched[fd] = process
+        poller.register(fd, select.POLLIN)
+    deadline = time.monotonic() + timeout
+    interval = 0.001
+    try:
+        while watched or looked_at:
+            looked_at = [p for p in looked_at if not _exited(p)]
+            left = deadline - time.monotonic()
+            if left <= 0 or not (watched or looked_at):
+                break
+            wait = min(left, interval) if looked_at else left
+            for fd, _ in poller.poll(max(1, math.ceil(wait * 1000))):
+                poller.unregister(fd)
+                os.close(fd)
+                watched.pop(fd)
+            interval = min(interval * 2, 0.04)
+    finally:
+        for fd in watched:
+            os.close(fd)
+    return [*watched.values(), *looked_at]
+
+
+def _exited(process) -> bool:
+    import psutil
+
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
