@@ -154,6 +154,7 @@ def main() -> None:
                         "(elasticft/goodput/restart_measured.py)")
     parser.add_argument("--ranks", default="", help="gloo ranks as threads vs processes at these sizes, then exit")
     args = parser.parse_args()
+    os.environ.setdefault("RES_OPTIONS", "use-vc")  # inherited by every process here: see _group's comment
     if args.ranks:
         from restart_scale_ranks import compare
 

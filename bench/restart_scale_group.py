@@ -66,6 +66,11 @@ def write_memory(n: int, run_id: str, mem_root: Path, addresses: dict[int, str])
 
 def _group(indices, n, endpoint, run_id, work, mem_root, lease_ttl, step_time, vote, ports, commands, replies):
     """One process of simulated nodes; obeys ``commands`` (see ``measure``)."""
+    # torch looks up the peer's name at every TCPStore connect, client and server side (see
+    # bench/store_connect.py): here all nodes' workers send that burst of DNS queries from one host, and
+    # this machine's resolver drops some over UDP, each dropped one 5 s (glibc's timeout) of one phase.
+    # Over TCP (use-vc) it refuses them at once; torch then prints the address. RES_OPTIONS= keeps UDP.
+    os.environ.setdefault("RES_OPTIONS", "use-vc")
     if vote == "lazy":
         os.environ["TORCH_GLOO_LAZY_INIT"] = "1"  # read as each group is made: before any is
     from restart_scale_node import SimNode, node_name
