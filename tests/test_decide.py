@@ -12,11 +12,13 @@ from elasticft.agent.decide import (
     Verdict,
     decide,
     restart_reason,
+    torchs_restart,
 )
 from elasticft.agent.hangs import Overrun
 from elasticft.contract.records import NodeRecord
 
 LOST = (NodeRecord("n3", "host3", "host3", 42),)
+FAILED_PEER = (NodeRecord("n2", "host2", "host2", 41, failed_round=5),)  # its workers of this round failed
 HUNG = (Overrun(rank=1, local_rank=1, pid=99, section="step", seconds=9.0, timeout=3.0, iteration=7,
                 dump_signal=None),)
 
@@ -83,3 +85,32 @@ def test_torchs_own_restarts_say_why_a_failure_or_a_scale_up():
     assert restart_reason(REPORT, WorkerState.HEALTHY) is RestartReason.MEMBERSHIP  # nodes wait to join
     hang = decide(Observation(WorkerState.HEALTHY, overruns=HUNG))
     assert restart_reason(hang, WorkerState.FAILED) is RestartReason.HANG
+
+
+@pytest.mark.parametrize("state", [WorkerState.HEALTHY, WorkerState.FAILED, WorkerState.UNHEALTHY])
+def test_a_member_whose_workers_failed_restarts_the_others_at_once_with_sigkill_uncharged(state):
+    decision = decide(Observation(state, failed_peers=FAILED_PEER))
+    assert (decision.verdict, decision.reason, decision.stop_signal) == (
+        Verdict.RESTART, RestartReason.MEMBERSHIP, signal.SIGKILL)  # ranks waiting on dead peers cannot save
+    assert decision.failed_peers == FAILED_PEER and decision.lost == ()
+    waiting = decide(Observation(state, lost=(), failed_peers=FAILED_PEER))  # it already waits in the next round
+    assert waiting.stop_signal == signal.SIGKILL
+
+
+def test_a_member_whose_workers_failed_comes_before_a_hang_its_peers_show():
+    decision = decide(Observation(WorkerState.HEALTHY, overruns=HUNG, failed_peers=FAILED_PEER))
+    assert (decision.verdict, decision.stop_signal) == (Verdict.RESTART, signal.SIGKILL)
+
+
+def test_torchs_own_restart_for_a_joining_node_keeps_sigterm_and_kills_for_a_member_whose_workers_failed():
+    """torch restarts a healthy group when nodes wait to join: a newcomer's join lets the workers
+    save (SIGTERM); a waiting member whose workers failed leaves ours on dead peers (SIGKILL).
+    The reason stays torch's (a failure it charged stays charged)."""
+    assert torchs_restart(REPORT, WorkerState.HEALTHY, ()) is REPORT
+    assert REPORT.stop_signal == signal.SIGTERM
+    for state, reason in ((WorkerState.HEALTHY, RestartReason.MEMBERSHIP), (WorkerState.FAILED,
+                                                                             RestartReason.WORKER_FAILED)):
+        decision = torchs_restart(REPORT, state, FAILED_PEER)
+        assert (decision.stop_signal, restart_reason(decision, state)) == (signal.SIGKILL, reason)
+    save = decide(Observation(WorkerState.SUCCEEDED, signal_save=True))
+    assert torchs_restart(save, WorkerState.SUCCEEDED, FAILED_PEER) is save  # the monitor's own decision stands

@@ -10,6 +10,7 @@ import inspect
 import json
 import pickle
 import re
+import signal
 import sys
 import threading
 import time
@@ -162,6 +163,43 @@ def test_shutdown_gives_the_workers_the_grace_on_every_torch(tmp_path, grace, sa
     assert marker.exists() is saves
     assert (took >= 4) if saves else (took < 4)  # the save took 4 s; a 1 s grace ended it first
     assert "close" not in vars(context)  # the context's own close again
+
+
+# Records SIGTERM, as eft's hook does, and never acts on it (a rank stuck in a collective).
+STUCK = ("import signal, sys, time\n"
+         "signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[1] + '.sigterm', 'w').close())\n"
+         "open(sys.argv[1], 'w').close()\n"
+         "while True:\n"
+         "    time.sleep(60)\n")
+# Fails once the stuck rank is up: the group's close then finds it in place.
+FAILS = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.01)\nsys.exit(3)\n"
+
+
+def test_the_workers_left_after_one_failed_get_sigkill_at_once_inside_failure_kills_the_rest(tmp_path):
+    """torch's monitor look (the process context's ``wait``/``_poll``) closes the group when one
+    worker failed, with SIGTERM and a 30 s grace unless the seam's block gives its ``close`` SIGKILL:
+    the stuck rank is killed at once, never sees SIGTERM, and the context's own close comes back."""
+    from torch.distributed.elastic.multiprocessing import start_processes
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    up = tmp_path / "stuck-up"
+    context = start_processes("seam", sys.executable, {0: ("-c", STUCK, str(up)), 1: ("-c", FAILS, str(up))},
+                              {0: {}, 1: {}}, DefaultLogsSpecs(log_dir=str(tmp_path / "logs")))
+    agent = local_agent(tmp_path)
+    agent._pcontext = context
+    grace = inspect.signature(PContext.close).parameters["timeout"].default
+    began = time.monotonic()
+    try:
+        with torch_seam.failure_kills_the_rest(agent):
+            result = context.wait(timeout=grace, period=0.05)
+        took = time.monotonic() - began
+    finally:
+        context.close(signal.SIGKILL)
+    assert result is not None and result.failures[1].exitcode == 3
+    assert result.failures[0].exitcode == -signal.SIGKILL  # torch records the rest's exit after its close
+    assert took < grace / 2, f"{took:.1f} s: torch's close waited its SIGTERM grace"
+    assert not Path(str(up) + ".sigterm").exists()
+    assert "close" not in vars(context)
 
 
 def test_worker_envs_filled_reach_the_workers_torchs_agent_starts(tmp_path, monkeypatch):

@@ -2,30 +2,26 @@
 
 What it changes, each through one of the agent's steps:
 
-* ``run``: before the first rendezvous, join the run (``AgentContext``: the node's
-  record under an etcd lease, a watch on everyone's) and start the services
-  (``services.py``); on the way out, stop them and leave (cleanly after success).
-* ``_rendezvous``: forget losses that happened before this round started; with
-  ``--eft-straggler-action exclude``, a node with a straggler leaves the job here
-  instead of joining the next round (every restart passes through this step).
+* ``run``: before the first rendezvous, join the run (``AgentContext``: the node's record under an
+  etcd lease, a watch on everyone's) and start the services (``services.py``); on the way out, stop
+  them and leave (cleanly after success).
+* ``_rendezvous``: forget losses that happened before this round started; with ``--eft-straggler-action
+  exclude``, a node with a straggler leaves the job here instead of joining the next round.
 * ``_assign_worker_ranks``: with Megatron's model arguments, ranks from the round's
   plan (``replan.py``); spare ranks get no worker.
-* ``_monitor_workers``: one look at the workers, the membership and the heartbeats
-  (``observe.py``), and ``decide`` (``decide.py``) says what it calls for: a lost member restarts the
-  workers at once, not charged to ``--max-restarts``; a hung rank is a failure like a
-  crashed one. A worker failure is first given ``failure_grace`` seconds to be
-  explained by a lost member: when a node dies its peers' collectives fail at once,
-  but etcd only reports the death when the lease runs out.
+* ``_monitor_workers``: one look at the workers, the membership and the heartbeats (``observe.py``),
+  and ``decide`` (``decide.py``) says what it calls for: a lost member restarts the workers at once,
+  not charged to ``--max-restarts``; a hung rank is a failure like a crashed one. A worker failure
+  is first given ``failure_grace`` seconds to be explained by a lost member: when a node dies its
+  peers' collectives fail at once, but etcd only reports the death when the lease runs out.
 * ``_start_workers``: each worker dies with the agent, even a SIGKILLed one (``orphans.py``).
 * ``_stop_workers``: the decision's signal (SIGKILL for ranks that could not act on
-  SIGTERM), after the hung ranks' stacks are in the log.
-* ``_restart_workers``: every restart is a ``restart`` event with its reason, counted
-  once per cycle job-wide (``restart_budget.py``): a job-wide budget and a no-progress
-  rule may end the job instead.
+  SIGTERM: a peer is dead or hung, ``dead_peers.py``), after the hung ranks' stacks are in the log.
+* ``_restart_workers``: every restart is a ``restart`` event with its reason, counted once per
+  cycle job-wide (``restart_budget.py``): a job-wide budget and a no-progress rule may end the job.
 
-With a rendezvous backend other than etcd-v3 there is no etcd to hold leases in, and
-the agent behaves exactly like torchrun's. Private torch names are reached only
-through ``elasticft.torch_seam``.
+With a rendezvous backend other than etcd-v3 there is no etcd to hold leases in, and the agent
+behaves exactly like torchrun's. Private torch names are reached only through ``elasticft.torch_seam``.
 """
 
 from __future__ import annotations
@@ -57,6 +53,7 @@ from elasticft.agent.announce import announce
 from elasticft.agent.auto_timeouts import SectionTimeouts
 from elasticft.agent.checkpoints import CheckpointCoordinator
 from elasticft.agent.context import AgentContext, EtcdTarget
+from elasticft.agent.dead_peers import current_round, stop_decision
 from elasticft.agent.decide import (
     FENCED,
     REPORT,
@@ -199,7 +196,8 @@ class FTElasticAgent(LocalElasticAgent):
         self._observer = Observer(ctx.membership if ctx else None, ctx.node if ctx else None, self._hangs, self._ckpt,
                                   self._settings.ft.attribution_window,
                                   lambda: set(torch_seam.worker_pids(self).values()), self._numerics,
-                                  ctx.fence.must_fence if ctx and ctx.fence else lambda: False)
+                                  ctx.fence.must_fence if ctx and ctx.fence else lambda: False,
+                                  lambda: current_round(spec.rdzv_handler))
         self._ckpt.forward_exit_signals()
         self._warm.stand_ready(spec.entrypoint, spec.args, spec.local_world_size)  # imports while the round forms
 
@@ -345,6 +343,7 @@ class FTElasticAgent(LocalElasticAgent):
             announce(FENCED, self._ctx, self.membership_restarts)
         if self._pending.reason is RestartReason.FENCED:  # now: the report below may wait for etcd
             super()._shutdown(self._pending.stop_signal)
+        self._pending = stop_decision(self._ctx, worker_group, self._pending, self._observer)  # dead peers: SIGKILL
         reason = restart_reason(self._pending, worker_group.state)
         if self._budget is not None:
             self._budget.before_restart(reason, lambda: self._stop_workers(worker_group), self._failed)
@@ -372,7 +371,8 @@ class FTElasticAgent(LocalElasticAgent):
         self._services.show_injected_fault()
         self._warm.tick()
         if worker_group.workers:
-            result = super()._monitor_workers(worker_group)
+            with torch_seam.failure_kills_the_rest(self):  # a worker failed: the rest are stuck (dead_peers.py)
+                result = super()._monitor_workers(worker_group)
             self._failed = result if result.is_failed() else self._failed
         else:  # a spare node idles, and finishes when the working nodes reach torch's exit barrier
             result = RunResult(state=WorkerState.SUCCEEDED if self._working_nodes_finished() else WorkerState.HEALTHY)

@@ -40,6 +40,10 @@ def announce(decision: Decision, ctx: AgentContext | None, membership_restarts: 
             "(a membership change, not charged to --max-restarts)",
             ", ".join(f"{r.node_id} ({r.host})" for r in decision.lost),
         )
+    elif decision.failed_peers:
+        log.warning("the workers of node(s) %s failed; stopping this node's with SIGKILL (a rank with a dead peer "
+                    "never acts on SIGTERM) and restarting them through a new rendezvous (not charged to "
+                    "--max-restarts)", ", ".join(f"{r.node_id} ({r.host})" for r in decision.failed_peers))
     else:
         log.warning("workers failed while new nodes wait to join; restarting them "
                     "through a new rendezvous (not charged to --max-restarts)")

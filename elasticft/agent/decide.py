@@ -51,16 +51,19 @@ class Observation:
     signal_save: bool = False
     rollback: bool = False  # the workers exited to re-run a bad iteration (elasticft.worker.numerics)
     fenced: bool = False  # this node's own lease expired (it was frozen, or cut from etcd, too long)
+    # Live members whose workers of this round failed (their records say so): ranks here wait on dead peers.
+    failed_peers: tuple[NodeRecord, ...] = ()
 
 
 @dataclass(frozen=True)
 class Decision:
     verdict: Verdict
     reason: RestartReason = RestartReason.WORKER_FAILED
-    # How the workers are stopped: SIGTERM lets them save; a rank with a dead peer or
-    # a hung rank would never act on it, so those get SIGKILL.
+    # How the workers are stopped: SIGTERM lets them save; a rank with a dead peer (a lost
+    # node, a member whose workers failed) or a hung rank would never act on it: SIGKILL.
     stop_signal: signal.Signals = signal.SIGTERM
     lost: tuple[NodeRecord, ...] = field(default=())
+    failed_peers: tuple[NodeRecord, ...] = field(default=())
 
 
 REPORT = Decision(Verdict.REPORT)
@@ -70,14 +73,15 @@ FENCED = Decision(Verdict.RESTART, RestartReason.FENCED, signal.SIGKILL)
 def decide(seen: Observation) -> Decision:
     """The rule, in order: this node fenced off first (the job went on without it: its
     workers must stop before they touch anything the new round owns, and no save of theirs
-    can complete), then a membership change (its peers' stalls and failures are its
-    consequences), then a hang, then a signal-driven save or a rollback; else torch's own result."""
+    can complete), then a membership change or a member's failed workers (its peers' stalls
+    and failures are their consequences), then a hang, then a signal-driven save or a
+    rollback; else torch's own result."""
     if seen.fenced and seen.state is not WorkerState.SUCCEEDED:
         return FENCED
-    if seen.lost is not None and seen.state is not WorkerState.SUCCEEDED:
-        kill = bool(seen.lost)  # a dead peer: the survivors' collectives cannot finish a save
+    if (seen.lost is not None or seen.failed_peers) and seen.state is not WorkerState.SUCCEEDED:
+        kill = bool(seen.lost) or bool(seen.failed_peers)  # a dead peer: the collectives cannot finish a save
         return Decision(Verdict.RESTART, RestartReason.MEMBERSHIP,
-                        signal.SIGKILL if kill else signal.SIGTERM, tuple(seen.lost))
+                        signal.SIGKILL if kill else signal.SIGTERM, tuple(seen.lost or ()), seen.failed_peers)
     if seen.state is WorkerState.HEALTHY and seen.overruns:
         return Decision(Verdict.HANG, RestartReason.HANG, signal.SIGKILL)
     if seen.state is WorkerState.SUCCEEDED and seen.signal_save:
@@ -85,6 +89,18 @@ def decide(seen: Observation) -> Decision:
     if seen.state is WorkerState.SUCCEEDED and seen.rollback:
         return Decision(Verdict.RESTART, RestartReason.ROLLBACK)
     return REPORT
+
+
+def torchs_restart(pending: Decision, state: WorkerState, failed_peers: tuple[NodeRecord, ...]) -> Decision:
+    """The decision a restart torch starts on its own (``pending`` is REPORT) stops the workers by.
+
+    torch restarts a healthy group when nodes wait to join. When one of them is a member of
+    this round whose workers failed (its agent restarts them and joins the next round), the
+    ranks here wait on dead peers and get SIGKILL, as for a lost node; a join of a new node
+    keeps SIGTERM (the workers are all alive: they save and exit)."""
+    if pending is not REPORT or not failed_peers:
+        return pending
+    return Decision(Verdict.RESTART, restart_reason(pending, state), signal.SIGKILL, failed_peers=failed_peers)
 
 
 def restart_reason(pending: Decision, state: WorkerState) -> RestartReason:

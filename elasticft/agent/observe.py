@@ -1,7 +1,8 @@
 """The agent's one look at its job: what ``decide`` needs, gathered from where it lives.
 
 Lost nodes come from the membership watch (etcd leases; this node's own record among the
-losses, or its lease found expired, means it was fenced off), nodes waiting to join from the
+losses, or its lease found expired, means it was fenced off), so do members whose workers of
+this round failed (their records say which round: ``dead_peers.py``), nodes waiting to join from the
 rendezvous, hung ranks from the heartbeats, a finished signal-driven save from the
 checkpoint coordinator, a rollback from the numbers check's marker. Gathering is I/O and may wait (a failure is given the
 attribution window to be explained by a lost node); deciding is ``decide.py``'s.
@@ -42,7 +43,8 @@ def no_lost_node_explains(nodes: int | None, failures: Mapping[int, ProcessFailu
 class Observer:
     def __init__(self, membership: Membership | None, node: NodeLease | None, hangs: HangMonitor,
                  ckpt: CheckpointCoordinator, attribution_window: float, worker_pids: Callable[[], set[int]],
-                 numerics: NumericsWatch, must_fence: Callable[[], bool] = lambda: False):
+                 numerics: NumericsWatch, must_fence: Callable[[], bool] = lambda: False,
+                 current_round: Callable[[], int | None] = lambda: None):
         self._membership = membership  # None off the etcd-v3 backend: no leases to watch
         self._node = node  # this node's own record and lease (None off etcd-v3)
         self._hangs = hangs
@@ -51,6 +53,7 @@ class Observer:
         self._worker_pids = worker_pids
         self._numerics = numerics
         self._must_fence = must_fence  # cut off from etcd alone: stop the workers before the lease expires
+        self._round = current_round  # the rendezvous round this node's workers run in (None: none yet)
 
     def look(self, state: WorkerState, worker_group: WorkerGroup,
              failures: Mapping[int, ProcessFailure] | None = None) -> Observation:
@@ -60,15 +63,25 @@ class Observer:
                                rollback=self._numerics.take_rollback())
         if state in (WorkerState.UNHEALTHY, WorkerState.FAILED):
             lost, fenced = self._own_loss(self._explain_failure(worker_group, failures or {}))
-            return Observation(state, lost=lost, fenced=fenced or self.fenced())
+            return Observation(state, lost=lost, fenced=fenced or self.fenced(), failed_peers=self.failed_peers())
         membership = self._membership
         lost = tuple(membership.take_losses()) if membership is not None and membership.lost.is_set() else None
         lost, fenced = self._own_loss(lost)
         fenced = fenced or self._must_fence()
         overruns = ()
-        if lost is None and not fenced and worker_group.workers and state is WorkerState.HEALTHY:
+        failed_peers = self.failed_peers()
+        if lost is None and not failed_peers and not fenced and worker_group.workers and state is WorkerState.HEALTHY:
             overruns = tuple(self._hangs.check(self._worker_pids()))
-        return Observation(state, lost=lost, overruns=overruns, fenced=fenced)
+        return Observation(state, lost=lost, overruns=overruns, fenced=fenced, failed_peers=failed_peers)
+
+    def failed_peers(self) -> tuple[NodeRecord, ...]:
+        """The other members whose records say their workers of this node's round failed (from the
+        membership watch: no request)."""
+        membership, node = self._membership, self._node
+        round_ = self._round() if membership is not None and node is not None else None
+        if round_ is None:
+            return ()
+        return tuple(r for r in membership.failed_in(round_) if r.node_id != node.record.node_id)
 
     def _own_loss(self, lost: tuple[NodeRecord, ...] | None) -> tuple[tuple[NodeRecord, ...] | None, bool]:
         """The losses without this node's own record, and whether this node was fenced off:
@@ -113,7 +126,7 @@ class Observer:
         while True:
             if self.fenced():
                 return None  # fenced off: told by ``_own_loss`` and ``_cut_off``
-            if membership is not None and membership.lost.is_set():
+            if membership is not None and (membership.lost.is_set() or self.failed_peers()):
                 return tuple(membership.take_losses())
             # torch caches the rendezvous state for a second: ask again until the deadline.
             if worker_group.spec.rdzv_handler.num_nodes_waiting() > 0:

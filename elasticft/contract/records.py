@@ -54,6 +54,9 @@ class NodeRecord:
     attempt: str = ""  # the launch it belongs to: SLURM "<job>.r<restart>"; run id 'none': "cmd-<digest>"
     beacon: str = ""  # host:port where the agent tells peers how long etcd has been silent (agent/fence.py)
     metrics: str = ""  # host:port of the agent's Prometheus /metrics ("": off; `eft metrics targets`)
+    # The rendezvous round whose workers on this node last failed (-1: none): that round's other
+    # members are waiting on dead ranks, and stop theirs with SIGKILL (agent/dead_peers.py).
+    failed_round: int = -1
 
     def __post_init__(self) -> None:
         self.state = NodeState(self.state)

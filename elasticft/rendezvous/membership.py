@@ -49,6 +49,11 @@ class NodeLease:
         self.record.state = NodeState(state)
         self._client.put(self._key, self.record.to_json(), lease=self.lease)
 
+    def workers_failed(self, round_: int) -> None:
+        """Say in the record that this node's workers of rendezvous round ``round_`` failed; raises StoreError."""
+        self.record.failed_round = round_
+        self._client.put(self._key, self.record.to_json(), lease=self.lease)
+
     def rejoin(self) -> None:
         """Register again, same node id and record, after etcd let the lease expire (the node was
         frozen, or cut from etcd, for longer than the TTL; the others went on without it).
@@ -97,6 +102,7 @@ class Membership:
         self._unreported: list[NodeRecord] = []  # losses the agent has not acted on
         self._formed_at = 0  # the revision this node's round was formed at (forget_excluded)
         self._excluded_at: dict[str, int] = {}  # node -> revision its record said ``excluded`` (watched)
+        self._failed_rounds: dict[str, int] = {}  # node -> the round its record says its workers failed in
         self.lost = threading.Event()
         self._closed = False
         self._cancel = None
@@ -108,6 +114,7 @@ class Membership:
             self._records = {}
             for item in items:
                 self._store(item.key, item.value)
+            self._failed_rounds = {node: r.failed_round for node, r in self._records.items() if r.failed_round >= 0}
         self._cancel = self._client.watch_prefix(
             self._prefix, self._on_events, start_revision=revision + 1, on_error=self._on_error
         )
@@ -129,6 +136,11 @@ class Membership:
                 node = event.key[len(self._prefix):]
                 if not event.deleted and node in self._records and self._records[node].state is NodeState.EXCLUDED:
                     self._excluded_at.setdefault(node, event.revision)
+                record = self._records.get(node)
+                if record is not None and record.failed_round >= 0:
+                    self._failed_rounds[node] = record.failed_round
+                else:
+                    self._failed_rounds.pop(node, None)
 
     def _on_error(self, exc: Exception) -> None:
         if self._closed:
@@ -152,6 +164,12 @@ class Membership:
     def members(self) -> dict[str, NodeRecord]:
         with self._lock:
             return dict(self._records)
+
+    def failed_in(self, round_: int) -> list[NodeRecord]:
+        """The live members whose record says their workers failed in rendezvous round ``round_``
+        (their agents restart; the round's other ranks wait on dead peers). From the watch."""
+        with self._lock:
+            return [self._records[node] for node, r in self._failed_rounds.items() if r == round_]
 
     def lost_nodes(self) -> dict[str, NodeRecord]:
         with self._lock:

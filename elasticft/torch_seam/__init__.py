@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import inspect
 import pickle
+import signal
 import threading
 from collections.abc import Callable, Collection, Iterator
 from datetime import timedelta
@@ -193,6 +194,28 @@ def shutdown(base: Callable[..., None], agent: LocalElasticAgent, death_sig: Any
         del processes.close  # the class's own again
 
 
+@contextlib.contextmanager
+def failure_kills_the_rest(agent: LocalElasticAgent) -> Iterator[None]:
+    """Inside (torch's monitor step), the workers left when one of them failed get SIGKILL at
+    once, not SIGTERM and 30 s to act on it.
+
+    torch's process contexts (``SubprocessContext``, ``MultiprocessContext``) close the whole
+    group from ``_poll`` (``wait(0)``, the monitor's look) as soon as one worker failed, with
+    ``self.close()``'s defaults: SIGTERM, then SIGKILL after 30 s. A rank with a dead local
+    peer is stuck in a collective that cannot finish (on a GPU, an NCCL kernel) and never acts
+    on SIGTERM (eft's ``Hook`` makes it a request to save), so the node waited the whole 30 s.
+    The context's ``close`` gets SIGKILL for the look (after a success, none runs to signal)."""
+    processes = worker_processes(agent)
+    if processes is None:
+        yield
+        return
+    processes.close = functools.partial(_attribute(processes, "close"), signal.SIGKILL)
+    try:
+        yield
+    finally:
+        del processes.close  # the class's own again
+
+
 _fill = threading.local()  # the fill of the agent starting workers on this thread
 _fill_installed = threading.Lock()
 
@@ -343,7 +366,13 @@ def _check_installed_torch() -> None:
     if SHUTDOWN_TAKES_TIMEOUT is None:
         raise TorchSeamError(f"LocalElasticAgent._shutdown takes {SHUTDOWN_PARAMS}, not one of {list(SHUTDOWN_SHAPES)}")
     from torch.distributed.elastic.agent.server import local_elastic_agent as agent_module
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext, PContext, SubprocessContext
 
+    if tuple(inspect.signature(PContext.close).parameters)[1:] != ("death_sig", "timeout"):
+        raise TorchSeamError("PContext.close no longer takes (death_sig, timeout)")
+    for context in (SubprocessContext, MultiprocessContext):  # failure_kills_the_rest
+        if "close" not in inspect.unwrap(context._poll).__code__.co_names:
+            raise TorchSeamError(f"{context.__name__}._poll no longer closes the workers through close()")
     if "envs" not in inspect.signature(_attribute(agent_module, "start_processes")).parameters or (
         "start_processes" not in inspect.unwrap(LocalElasticAgent._start_workers).__code__.co_names
     ):
