@@ -42,10 +42,15 @@ class EtcdCounters:
     cpu_seconds: float = 0.0
     db_bytes: float = 0.0
     revision: int = 0
+    sent_bytes: float = 0.0  # what etcd sent: answers and watch events (N nodes each reading N keys is N^2)
+    events: float = 0.0  # watch events etcd delivered (N watchers of every put is N^2)
+    kv_requests: float = 0.0  # reads and writes (Range, Txn, Put, DeleteRange): no keep-alive, no watch
+
+    FIELDS = ("received_bytes", "requests", "cpu_seconds", "db_bytes", "revision", "sent_bytes", "events",
+              "kv_requests")
 
     def minus(self, before: EtcdCounters) -> EtcdCounters:
-        return EtcdCounters(*(getattr(self, f) - getattr(before, f) for f in
-                              ("received_bytes", "requests", "cpu_seconds", "db_bytes", "revision")))
+        return EtcdCounters(*(getattr(self, f) - getattr(before, f) for f in self.FIELDS))
 
 
 def metric_totals(endpoint: str) -> Callable[[str], float]:
@@ -69,6 +74,9 @@ def read_counters(endpoint: str, client) -> EtcdCounters:
         cpu_seconds=total("process_cpu_seconds_total"),
         db_bytes=total("etcd_mvcc_db_total_size_in_bytes"),
         revision=client.revision(),
+        sent_bytes=total("etcd_network_client_grpc_sent_bytes_total"),
+        events=total("etcd_debugging_mvcc_events_total"),
+        kv_requests=total("grpc_server_handled_total", 'grpc_service="etcdserverpb.KV"'),
     )
 
 
@@ -80,6 +88,7 @@ class RoundResult:
     round: EtcdCounters = field(default_factory=EtcdCounters)
     idle_per_minute: EtcdCounters = field(default_factory=EtcdCounters)
     cas_losses: int | None = None
+    agents_cpu: float = 0.0  # CPU seconds the simulated agents' processes spent on the round (this host's share)
     error: str = ""
 
 
@@ -162,9 +171,10 @@ def _group_process(design, indices, n, run_id, endpoint, cap, lease_ttl, go, res
     here = threading.Event()  # the agents wait on it; this thread alone takes part in the processes' barrier
     group.start(here.wait)
     go.wait()
+    cpu = time.process_time()
     here.set()
     group.wait(time.monotonic() + cap)
-    results.put((group.results, group.errors, group.cas_losses()))
+    results.put((group.results, group.errors, group.cas_losses(), time.process_time() - cpu))
     stop.wait()
     group.stop()
 
@@ -196,18 +206,20 @@ def simulate_round(design: str, n: int, etcd_endpoint: str, cap: float = 60.0, i
             child.start()
     before = read_counters(etcd_endpoint, probe)
     go.wait()
-    began = time.monotonic()
+    began, cpu = time.monotonic(), time.process_time()
     if group is not None:
         group.wait(began + cap)
         outcomes, errors, cas_losses = group.results, group.errors, group.cas_losses()
+        agents_cpu = time.process_time() - cpu
     else:
-        outcomes, errors, cas_losses = [], [], 0
+        outcomes, errors, cas_losses, agents_cpu = [], [], 0, 0.0
         for _ in children:
-            part, part_errors, part_losses = results.get(timeout=cap + 120)
+            part, part_errors, part_losses, part_cpu = results.get(timeout=cap + 120)
             outcomes += part
             errors += part_errors
             cas_losses += part_losses
-    result = RoundResult(design, n, None)
+            agents_cpu += part_cpu
+    result = RoundResult(design, n, None, agents_cpu=agents_cpu)
     result.round = read_counters(etcd_endpoint, probe).minus(before)
     if design != "c10d":
         result.cas_losses = cas_losses
@@ -235,7 +247,8 @@ def simulate_round(design: str, n: int, etcd_endpoint: str, cap: float = 60.0, i
 
 
 def _scaled(c: EtcdCounters, k: float) -> EtcdCounters:
-    return EtcdCounters(c.received_bytes * k, c.requests * k, c.cpu_seconds * k, c.db_bytes * k, int(c.revision * k))
+    return EtcdCounters(*(getattr(c, f) * k for f in EtcdCounters.FIELDS[:4]), int(c.revision * k),
+                        *(getattr(c, f) * k for f in EtcdCounters.FIELDS[5:]))
 
 
 def _stop(design: str, handlers: list, threads: list[threading.Thread]) -> None:

@@ -78,6 +78,12 @@ class RunKeys:
         """``contract.memory.Restorable``: the restorable memory iterations, computed by one agent for all."""
         return self.root + "mem/restorable"
 
+    @property
+    def mem_plan(self) -> str:
+        """``memckpt.plan``: the index's parts of the iterations the live nodes complete, for a restart,
+        read and written by the first live node in sorted order, read by every other (zlib'd JSON)."""
+        return self.root + "mem/plan"
+
     def mem_server(self, node_id: str) -> str:
         """``host:port`` of a node agent's shard server (memory checkpoint replicas and restores)."""
         return self.root + "mem/servers/" + node_id
@@ -182,7 +188,8 @@ class RunKeys:
 
     def rdzv_decision(self, round_: int) -> str:
         """Round ``round_``'s closing decision, created once by the node that closes it:
-        JSON ``{"revision": R, "size": n}``: its participants are the keys present at R."""
+        JSON ``{"revision": R, "size": n, "first": <node>}``: its participants are the keys present
+        at R; ``first``, the first of them in key order, is rank 0 (it needs no count to know)."""
         return f"{self.rdzv_decisions}{round_}"
 
     def rdzv_closer(self, round_: int) -> str:
@@ -200,6 +207,17 @@ class RunKeys:
         ``round_`` until the next checkpoint (``--eft-join-at save``; ``records.JoinHold``), under
         the lease of the member that holds them; deleted when round ``round_`` closes."""
         return f"{self.rdzv_control}held/{round_}"
+
+    @property
+    def rdzv_masters(self) -> str:
+        """Prefix of the rounds' master addresses (the last few are kept, as decisions are)."""
+        return self.rdzv_control + "master/"
+
+    def rdzv_master(self, round_: int) -> str:
+        """Where round ``round_``'s rank 0 serves the workers' bootstrap store, written by it under
+        its lease once it knows its rank: JSON ``{"addr": a, "port": p}``. The other members learn
+        it from the control watch they hold anyway: no read and no watch of their own."""
+        return f"{self.rdzv_masters}{round_}"
 
     @property
     def rdzv_asides(self) -> str:

@@ -122,12 +122,13 @@ def memory_summary(parts: list[MemPart], alive: set[str]) -> dict | None:
 
 
 class MemIndex:
-    """The run's ``mem/parts/`` keys (one a node) and ``mem/restorable``, through the EtcdClient only."""
+    """The run's ``mem/parts/`` keys (one a node), ``mem/restorable`` and ``mem/plan``, through the EtcdClient only."""
 
     def __init__(self, client: EtcdClient, keys: RunKeys):
         self.client = client
         self.prefix = keys.mem_parts
         self.restorable_key = keys.mem_restorable
+        self.plan_key = keys.mem_plan
 
     def key(self, node: str) -> str:
         return node_parts_key(self.prefix, node)

@@ -22,9 +22,10 @@ from elasticft.contract.keys import RunKeys
 from elasticft.contract.memory import LAG_MARKER, RESTORE_FILE, RestorePlan
 from elasticft.contract.run_dir import WorkerEnv, write_atomically
 from elasticft.memckpt.budget import PauseGate
-from elasticft.memckpt.index import MemIndex, complete_iterations, lost_share
+from elasticft.memckpt.index import MemIndex, complete_iterations
 from elasticft.memckpt.lag import LagGate
 from elasticft.memckpt.node_dir import NodeDir
+from elasticft.memckpt.plan import Plan, restart_plan
 from elasticft.memckpt.reclaim import claim, reclaim_and_say, remove_run_dir_if_empty
 from elasticft.memckpt.replicator import Replicator
 from elasticft.memckpt.restore import prepare_candidates
@@ -177,23 +178,23 @@ class MemoryTier:
         with self._lock:
             generation, own = self.node_dir.new_generation()
             self.node_dir.clear_restore()
-            try:
-                parts = self.index.parts()
+            try:  # one key read here, the index read once for the job (plan.py)
+                plan = restart_plan(self.index, self.node_id, set(alive))
             except StoreError as exc:
                 log.warning("memory tier: cannot read the index (%s); no memory checkpoint for this start", exc)
-                parts = []
-            complete = complete_iterations(parts, set(alive))
-            self._report_lost_share(parts, set(alive), complete[0].iteration if complete else None)
+                plan = Plan([], None)
+            complete = complete_iterations(plan.parts, set(alive))
+            self._report_lost_share(plan.lost, complete[0].iteration if complete else None)
             candidates = prepare_candidates(self.node_dir, self.node_id, self.keys.run_id, complete, self.record,
-                                            self.timeout, parts)
+                                            self.timeout, plan.parts)
         plan = RestorePlan(candidates=candidates, generation=generation, reached=reached, run_id=self.keys.run_id,
                            node=self.node_id)
         write_atomically(self.run_dir / RESTORE_FILE, plan.to_json())
         return {WorkerEnv.MEM_DIR.value: str(own)}
 
-    def _report_lost_share(self, parts, alive: set[str], newest_complete: int | None) -> None:
-        """A newer iteration was lost with its node and every replica holder: say so, once per start."""
-        lost = lost_share(parts, alive, newest_complete)
+    def _report_lost_share(self, lost: tuple[int, str] | None, newest_complete: int | None) -> None:
+        """A newer iteration was lost with its node and every replica holder (``index.lost_share``):
+        say so, once per start."""
         if lost is None:
             return
         then = ("the newest disk checkpoint" if newest_complete is None

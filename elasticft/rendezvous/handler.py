@@ -39,6 +39,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from elasticft.contract.keys import BACKEND_NAME
+from elasticft.rendezvous import master
 from elasticft.rendezvous.aside import Aside, PeerCheck
 from elasticft.rendezvous.rounds import OddOneOut, Round, Rounds
 from elasticft.store import StoreError, StoreUnavailable
@@ -127,7 +128,9 @@ class EtcdRendezvousHandler(RendezvousHandler):
             try:
                 with store_errors_as_connection_errors():
                     self.round = formed = self._join_through_outages()
-                info = self._formed(formed)
+                    info = self._formed(formed)
+                if info is None:  # a member was lost before rank 0 said where its store listens
+                    continue
                 self._bootstrap = info.bootstrap_store_info
                 return info
             except OddOneOut as exc:  # most of a round cannot reach this node: out until it reaches theirs
@@ -169,20 +172,26 @@ class EtcdRendezvousHandler(RendezvousHandler):
             return None
         return store.get(keys[0]).decode(), int(store.get(keys[1]).decode())
 
-    def _formed(self, formed: Round) -> RendezvousInfo:
+    def _formed(self, formed: Round) -> RendezvousInfo | None:
+        """The round's info; rank 0 starts the bootstrap store and says where (``master.py``).
+        None: a member was lost before rank 0 said so (join again). Raises StoreError."""
         store = dist.PrefixStore(f"torch.rendezvous.{self._settings.run_id}.{formed.number}", self._store)
+        if formed.rank != 0:
+            address = master.await_master(self._rounds, formed, self._store.timeout.total_seconds(),
+                                          lambda: self._master_of(formed.number))
+            return None if address is None else RendezvousInfo(store, formed.rank, formed.size,
+                                                               RendezvousStoreInfo(*address))
         server_port = None
         if self.use_agent_store:
-            server_port = 0
-            if formed.rank == 0:
-                # A new server every round: the workers' keys carry no generation (torch
-                # relies on a new store per retry), so on the old one a new rank would read
-                # the gloo address of the rank it replaces, dead or not. The old workers are
-                # stopped by now; dropping the old server closes it.
-                self._tcp_store_server = dist.TCPStore(host_name=self._addr, port=0, is_master=True,
-                                                       multi_tenant=True)
-                server_port = self._tcp_store_server.port
-        bootstrap = RendezvousStoreInfo.build(formed.rank, store, local_addr=self._addr, server_port=server_port)
+            # A new server every round: the workers' keys carry no generation (torch
+            # relies on a new store per retry), so on the old one a new rank would read
+            # the gloo address of the rank it replaces, dead or not. The old workers are
+            # stopped by now; dropping the old server closes it.
+            self._tcp_store_server = dist.TCPStore(host_name=self._addr, port=0, is_master=True, multi_tenant=True)
+            server_port = self._tcp_store_server.port
+        # torch's way as well (the address in the store: what ``_master_of`` reads), then the control key
+        bootstrap = RendezvousStoreInfo.build(0, store, local_addr=self._addr, server_port=server_port)
+        master.publish(self._rounds, formed, bootstrap.master_addr, bootstrap.master_port)
         return RendezvousInfo(store, formed.rank, formed.size, bootstrap)
 
     def _join_through_outages(self) -> Round:

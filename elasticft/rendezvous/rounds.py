@@ -12,10 +12,11 @@ A round ``r`` is formed like this (keys in ``contract/keys.py``):
   no participant left (torch's rule) and ``min_nodes`` are there, it waits ``last_call``
   for more (not at ``max_nodes``, nor after the first round: a lost node costs its lease
   TTL only, a newcomer comes next round) and creates ``rdzv/ctl/decision/<r>`` =
-  ``{"revision": R, "size": n}``: the participants are the keys that existed at revision R;
+  ``{"revision": R, "size": n, "first": <rank 0>}``: the participants are the keys at revision R;
 * when the decision reaches a node through its watch, its rank is the number of
   participant keys sorting before its own at revision R: one count-only range read,
-  the same answer on every node, no member list sent to anyone;
+  the same answer on every node, no member list sent to anyone; rank 0's bootstrap store's
+  address comes the same way (``master.py``): a node's round is a put and a count;
 * a node that arrives after the decision (or beyond ``max_nodes``) moves to round
   ``r + 1``; the first such node marks ``rdzv/ctl/waiting/<r+1>`` (under its lease).
   The members of ``r`` see the marker in their control watch, and see lost members in
@@ -33,11 +34,9 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
-    RendezvousError,
     RendezvousGracefulExitError,
     RendezvousTimeoutError,
 )
@@ -47,6 +46,7 @@ from elasticft.rendezvous.held import Admission, HeldWait
 from elasticft.store.keyset import KeySet
 from elasticft.rendezvous.member_losses import AgentLosses, MemberLosses, ParticipantWatch
 from elasticft.rendezvous.round_lease import OwnLease, RoundLease, SharedLease
+from elasticft.rendezvous.round_types import MixedVersionError, OddOneOut, Round, RoundLimits  # noqa: F401 (theirs)
 from elasticft.store import EtcdClient, Lease, StoreError
 from elasticft.store.client import prefix_end
 from elasticft.store.errors import LeaseNotFound
@@ -54,34 +54,6 @@ from elasticft.store.errors import LeaseNotFound
 # Decisions kept after newer rounds formed: a node slow to read its round's decision
 # still finds it (a decision is ~40 bytes; rounds happen at membership changes only).
 KEPT_DECISIONS = 8
-
-
-class MixedVersionError(RendezvousError):
-    """An agent of the old (pickled-state) etcd-v3 backend shares this run."""
-
-
-class OddOneOut(RendezvousError):
-    """``join``'s ``leave_if`` said so while joining round ``number`` (``rendezvous/aside.py``)."""
-
-    def __init__(self, number: int):
-        super().__init__(f"left round {number}: the nodes standing aside cannot reach this one")
-        self.number = number
-
-
-@dataclass(frozen=True)
-class RoundLimits:
-    min_nodes: int
-    max_nodes: int
-    last_call: float  # seconds to wait for more nodes once min_nodes are there
-    join_timeout: float  # seconds a node may wait for a round to form
-
-
-@dataclass(frozen=True)
-class Round:
-    number: int
-    rank: int
-    size: int
-    revision: int  # the participants are the keys that existed at this revision
 
 
 def _round_of(decision_key: str) -> int:
@@ -109,8 +81,6 @@ class Rounds:
         self.cas_losses = 0  # roles or decisions another node created first (bench figure)
         self.admission: Admission | None = None  # asked before newcomers count as waiting (held.py)
         self._held = HeldWait(node, limits.join_timeout)
-
-    # -- waking up -------------------------------------------------------------
 
     def _wake(self) -> None:
         with self._woken:
@@ -163,6 +133,25 @@ class Rounds:
         decided = [_round_of(k) for k in control.snapshot() if k.startswith(self.keys.rdzv_decisions)]
         return max(decided, default=-1) + 1
 
+    def _enter_first(self) -> int | None:
+        """A node's first join, its control keys not watched yet: its participant key in round 0,
+        round 0's closer if no one is, and the read of the control keys, in one request, unless a
+        round was decided before (None: nothing written). The control watch starts from that read:
+        N nodes starting at once cost N requests and no lost compare-and-swap."""
+        if self._control is not None or self._joined is not None or self._roles or self._leftover:
+            return None
+        key, decisions = self.keys.rdzv_participant(0, self.node), self.keys.rdzv_decisions
+        done = self.client.put_unless_and_read(key, json.dumps({"node": self.node}), self._ensure_lease(),
+                                               (decisions, prefix_end(decisions)),
+                                               (self.keys.rdzv_control, self.keys.rdzv_watched_end),
+                                               claim=(self.keys.rdzv_closer(0), self.node))
+        if done is None:
+            return None
+        self._joined, self._roles = (0, key), [self.keys.rdzv_closer(0)] if done[2] else []
+        self._control = KeySet(self.client, self.keys.rdzv_control, self._wake, end=self.keys.rdzv_watched_end,
+                               after=done[0], items=done[1])
+        return done[0]
+
     def _enter(self, number: int) -> int:
         """Put my participant key in round ``number`` and drop my keys of the round before (one request)."""
         key = self.keys.rdzv_participant(number, self.node)
@@ -186,24 +175,29 @@ class Rounds:
         revision, size = int(fields["revision"]), int(fields["size"])
         if joined_at > revision:
             return None
+        if fields.get("first") == self.node:  # rank 0, named by the closer: it starts the store at once
+            return Round(number, 0, size, revision)
         prefix = self.keys.rdzv_participants(number)
         rank, _ = self.client.count_range(prefix, self.keys.rdzv_participant(number, self.node), revision)
         return Round(number, rank, size, revision) if rank < size else None
 
-    def _close(self, number: int) -> None:
-        """Decide round ``number``: its participants are the keys there now. The same
-        transaction drops what the round no longer needs: its closer and waiting keys and
-        the decision of a round long gone (a recent one may still be read by a slow node)."""
+    def _close(self, number: int) -> bytes | None:
+        """Decide round ``number``: its participants are the keys there now, the first its rank 0.
+        The same transaction drops its closer and waiting keys, and a round long gone's decision.
+        The decision, or None when another node's came first (the control watch brings that one)."""
         prefix = self.keys.rdzv_participants(number)
         count, revision = self.client.count_range(prefix, prefix_end(prefix))
-        decision = json.dumps({"revision": revision, "size": min(count, self.limits.max_nodes)})
+        first = self.client.oldest(prefix, 1, revision)  # rank 0 then needs no count to know it is
+        decision = json.dumps({"revision": revision, "size": min(count, self.limits.max_nodes),
+                               "first": first[0].key[len(prefix):] if first else None})
         done = (self.keys.rdzv_closer(number), self.keys.rdzv_waiting(number), self.keys.rdzv_held(number))
-        if number >= KEPT_DECISIONS:
-            done += (self.keys.rdzv_decision(number - KEPT_DECISIONS),)
+        if number >= KEPT_DECISIONS:  # (a recent one, and its master's address, may be read by a slow node)
+            done += (self.keys.rdzv_decision(number - KEPT_DECISIONS), self.keys.rdzv_master(number - KEPT_DECISIONS))
         if self.client.create(self.keys.rdzv_decision(number), decision, delete=done):
             self._roles = [k for k in self._roles if k not in done]
-        else:
-            self.cas_losses += 1
+            return decision.encode()
+        self.cas_losses += 1
+        return None
 
     # -- joining -----------------------------------------------------------------
 
@@ -213,16 +207,17 @@ class Rounds:
         self._stop_watching_round()
         deadline = time.monotonic() + self.limits.join_timeout
         try:
+            joined_at = self._enter_first()  # None: not a first join, or round 0 was decided
             control = self._watch_control()
             self._check_run(control)
-            number = self._first_undecided(control)
+            number = 0 if joined_at is not None else self._first_undecided(control)
             while True:
-                joined_at = self._enter(number)
+                joined_at = joined_at or self._enter(number)
                 formed = self._wait_for_decision(number, joined_at, deadline, leave_if)
                 if formed is not None:
-                    self._start_watching_round(formed)
+                    self._current = formed  # what watches members' losses is made at the first waiting()
                     return formed
-                number = max(number + 1, self._first_undecided(self._watch_control()))
+                number, joined_at = max(number + 1, self._first_undecided(self._watch_control())), None
         except LeaseNotFound:
             # etcd let my lease expire (frozen, or cut off from etcd) before its keeper heard:
             # my keys went with it; the next join takes a new one
@@ -273,17 +268,15 @@ class Rounds:
                     # after the first round, the round before is empty once each of its live
                     # members is here: no one else to wait for, so no last call (a lost node
                     # costs its lease TTL, not TTL + last call; a newcomer comes next round)
-                    if count >= self.limits.max_nodes or (previous is not None and count >= self.limits.min_nodes):
-                        self._close(number)
-                        continue
-                    if count >= self.limits.min_nodes:
+                    close = count >= self.limits.max_nodes or (previous is not None and count >= self.limits.min_nodes)
+                    if not close and count >= self.limits.min_nodes:
                         last_call_until = last_call_until or now + self.limits.last_call
-                        if now >= last_call_until:
-                            self._close(number)
-                            continue
-                        wake_at = min(wake_at, last_call_until)
-                    else:
+                        close, wake_at = now >= last_call_until, min(wake_at, last_call_until)
+                    elif not close:
                         last_call_until = None
+                    decided = self._close(number) if close else None
+                    if decided is not None:  # mine: resolved now, not once my watch brings it back
+                        return self._resolve(number, decided, joined_at)
                 if now >= deadline:
                     raise RendezvousTimeoutError(
                         f"no round of the rendezvous formed within the join timeout ({self.limits.join_timeout:g} s)"
@@ -295,9 +288,6 @@ class Rounds:
                     keyset.close()
 
     # -- after a round formed ---------------------------------------------------
-
-    def _start_watching_round(self, formed: Round) -> None:
-        self._current = formed  # what watches members' losses is made at the first waiting()
 
     def stop_watching(self) -> None:
         """Cancel this node's watches (its keys stay until it leaves)."""
@@ -312,13 +302,10 @@ class Rounds:
             self.admission.close()
 
     def waiting(self) -> int:
-        """Nodes the current round's members should re-rendezvous for.
-
-        The members lost since the round formed, plus the nodes waiting in the next
-        round unless this one has ``max_nodes`` live members (then they are torch's
-        redundancy list). Answered from the watches, with a count request only when
-        something changed.
-        """
+        """Nodes the current round's members should re-rendezvous for: the members lost since
+        it formed, plus the nodes waiting in the next round unless this one has ``max_nodes``
+        live members (torch's redundancy list then). From the watches; a count request only
+        when something changed."""
         formed, control = self._current, self._control
         if formed is None or control is None:
             return 0
@@ -337,6 +324,20 @@ class Rounds:
             # would let the control plane stop training (a lost node's lease expiry is seen
             # once etcd answers again, and eft's agent watches node leases as well)
             return 0
+
+    def await_control(self, answer: Callable[[KeySet], object], deadline: float) -> object:
+        """``answer``'s first reply but None, asked at every change my control watch sees (no
+        request of its own); None once ``deadline`` passed. Raises StoreError."""
+        while True:
+            seen = self._generation
+            found = answer(self._watch_control())
+            if found is not None or time.monotonic() >= deadline:
+                return found
+            self._sleep(seen, deadline)
+
+    def put_mine(self, key: str, value: str) -> None:
+        """A key under the lease my round's keys are under: it goes when I do. Raises StoreError."""
+        self.client.put(key, value, lease=self._ensure_lease())
 
     def someone_waits(self) -> bool:
         """A node waits in the round after mine (its marker is in my control watch)."""

@@ -198,6 +198,12 @@ class EtcdClient(Transactions):
         kv = response.kvs[0]
         return KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease), response.header.revision
 
+    def last_modified(self, prefix: str) -> int:
+        """The newest mod revision among the keys under ``prefix`` (0: none); one key's name travels."""
+        response = self._call(lambda c: c.get_prefix_response(prefix, keys_only=True, limit=1, sort_order="descend",
+                                                               sort_target="mod"))
+        return response.kvs[0].mod_revision if response.kvs else 0
+
     def oldest(self, prefix: str, limit: int, revision: int | None = None) -> list[KeyValue]:
         """The first ``limit`` keys under ``prefix`` in key order (at ``revision``, else now), with their values."""
         response = self._call(lambda c: c.get_prefix_response(prefix, limit=limit, sort_order="ascend",

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 
 from elasticft.store import EtcdClient, StoreError, WatchEvent
+from elasticft.store.records import KeyValue
 from elasticft.store.client import prefix_end
 from elasticft.store.outage import is_unavailable
 
@@ -22,13 +23,14 @@ class KeySet:
     """Keys in [start, end) (key -> create revision, and their values), kept current by a watch.
 
     ``end`` None means every key under the prefix ``start``; ``exact`` only ``start`` itself.
-    With ``after`` (a revision) nothing is read: the copy starts empty and holds only what
-    changed after that revision; a key deleted that it never held is in ``vanished``.
+    With ``after`` (a revision) nothing is read: the copy starts with ``items`` (the range as
+    the caller read it at that revision, in a request of its own; none: empty) and holds what
+    changed after it; a key deleted that it never held is in ``vanished``.
     ``changed`` is called, from the watch thread, after every change.
     """
 
     def __init__(self, client: EtcdClient, start: str, changed: Callable[[], None], end: str | None = None,
-                 exact: bool = False, after: int | None = None):
+                 exact: bool = False, after: int | None = None, items: list[KeyValue] | None = None):
         self._start = start
         self._exact = exact
         self._changed = changed
@@ -41,9 +43,9 @@ class KeySet:
         end = end or (start + "\0" if exact else prefix_end(start))
         if after is None:
             items, after = client.get_range(start, end)
-            for item in items:
-                self.keys[item.key] = item.create_revision
-                self.values[item.key] = item.value
+        for item in items or ():
+            self.keys[item.key] = item.create_revision
+            self.values[item.key] = item.value
         self._cancel = client.watch_range(start, end, self._on_events, start_revision=after + 1,
                                           on_error=self._on_error)
 

@@ -40,6 +40,30 @@ class Transactions:
 
         return self._call(txn)
 
+    def put_unless_and_read(self, key: str, value: bytes | str, lease: Lease | None, unless: tuple[str, str],
+                            read: tuple[str, str], claim: tuple[str, str]) -> tuple[int, list[KeyValue], bool] | None:
+        """Put ``key`` unless some key lies in the range ``unless`` [start, end); in the same request
+        create ``claim`` (key, value) if absent, then read the range ``read``: (the revision, the keys
+        read, whether ``claim`` was created), or None when something lay in ``unless`` (nothing done)."""
+
+        def txn(c):
+            lease_id = lease.id if lease else None
+            ok, responses = c.transaction(
+                compare=[c.transactions.version(unless[0], range_end=unless[1]) == 0],  # a range: no key in it
+                success=[c.transactions.put(key, value, lease_id),
+                         c.transactions.txn([c.transactions.create(claim[0]) == 0],
+                                            [c.transactions.put(claim[0], claim[1], lease_id)], []),
+                         c.transactions.get(read[0], range_end=read[1])],
+                failure=[],
+            )
+            if not ok:
+                return None
+            return responses[0].response_put.header.revision, [
+                KeyValue(meta.key.decode(), kv_value, meta.mod_revision, meta.lease_id, meta.create_revision)
+                for kv_value, meta in responses[2]], responses[1].response_txn.succeeded
+
+        return self._call(txn)
+
     def create(self, key: str, value: bytes | str, lease: Lease | None = None, delete: tuple[str, ...] = ()) -> bool:
         """Write ``key`` only if it does not exist (then also delete the keys in ``delete``,
         in the same transaction); True if this call created it."""

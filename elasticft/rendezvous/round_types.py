@@ -1,0 +1,36 @@
+"""What a rendezvous round is made of: its limits, the round a node joined, and the two ways a join fails
+that torch's errors do not name (``rounds.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.distributed.elastic.rendezvous import RendezvousError
+
+
+class MixedVersionError(RendezvousError):
+    """An agent of the old (pickled-state) etcd-v3 backend shares this run."""
+
+
+class OddOneOut(RendezvousError):
+    """``join``'s ``leave_if`` said so while joining round ``number`` (``rendezvous/aside.py``)."""
+
+    def __init__(self, number: int):
+        super().__init__(f"left round {number}: the nodes standing aside cannot reach this one")
+        self.number = number
+
+
+@dataclass(frozen=True)
+class RoundLimits:
+    min_nodes: int
+    max_nodes: int
+    last_call: float  # seconds to wait for more nodes once min_nodes are there
+    join_timeout: float  # seconds a node may wait for a round to form
+
+
+@dataclass(frozen=True)
+class Round:
+    number: int
+    rank: int
+    size: int
+    revision: int  # the participants are the keys that existed at this revision
