@@ -12,6 +12,7 @@ dead node's keys) is outside the control path: the harness revokes the lease at 
   python bench/restart_scale.py --vote both              # eager full-mesh vote group vs lazily connected
   python bench/restart_scale.py --sizes 8,32,128,256 --svg docs/restart-scale.svg --json bench/restart_scale.json
   python bench/restart_scale.py --ranks 4,8,16           # gloo ranks as threads vs one process per rank
+  python bench/restart_scale.py --kill 2 --kill-during-restart   # two nodes at once, a third mid-restart
   python bench/restart_scale.py --sizes 8,32,128,256 --write-curve elasticft/goodput/restart_measured.py
 
 ``--write-curve`` writes the measured phases (detection apart: ``eft simulate`` charges it
@@ -46,13 +47,15 @@ def current_vote_group() -> str:
     return "eager"
 
 
-def run(sizes: list[int], vote: str, per_process: int, lease_ttl: float) -> list[dict]:
+def run(sizes: list[int], vote: str, per_process: int, lease_ttl: float, kills: int = 1,
+        during: bool = False) -> list[dict]:
     rows = []
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with EmbeddedEtcd() as etcd, tempfile.TemporaryDirectory(prefix="eft-restart-") as work, \
             tempfile.TemporaryDirectory(prefix="eft-restart-mem-", dir=shm) as mem:
         for n in sizes:
-            r = measure(n, etcd.endpoint, Path(work) / str(n), Path(mem), vote, per_process, lease_ttl)
+            r = measure(n, etcd.endpoint, Path(work) / str(n), Path(mem), vote, per_process, lease_ttl,
+                        kills=kills, during=during)
             rows.append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "ranks"}), flush=True)
     return rows
@@ -83,7 +86,7 @@ def report(rows: list[dict], modelled: list[int], svg: str | None, vote: str) ->
     print("memory prepare (inside spawn), slowest node: " + ", ".join(
         f"N={r['nodes']} {r['memory_prepare_s']:.3f} s" for r in ok))
     print("every survivor's first step at the new world size: " + ", ".join(
-        f"N={r['nodes']} {r['all_first_steps'] and r['worlds'] == [r['nodes'] - 1]}" for r in ok))
+        f"N={r['nodes']} {r['all_first_steps'] and r['worlds'] == [r['survivors']]}" for r in ok))
     at = 1024
     for phase, limit in TARGETS.items():
         f = fits[phase]
@@ -147,6 +150,9 @@ def main() -> None:
     parser.add_argument("--vote", default="current", choices=["current", "eager", "lazy", "both"],
                         help="the vote's gloo group: eft's current one, eager full mesh, lazily connected")
     parser.add_argument("--per-process", type=int, default=128, help="simulated nodes per process (threads)")
+    parser.add_argument("--kill", type=int, default=1, help="nodes SIGKILLed at once")
+    parser.add_argument("--kill-during-restart", action="store_true",
+                        help="one more node dies once the survivors have stopped their workers")
     parser.add_argument("--lease-ttl", type=float, default=3.0, help="the nodes' lease TTL (reported apart)")
     parser.add_argument("--svg", default="", help="write the log-log picture here (e.g. docs/restart-scale.svg)")
     parser.add_argument("--json", default="", help="write the per-N totals here (e.g. bench/restart_scale.json)")
@@ -165,7 +171,8 @@ def main() -> None:
     votes = ["eager", "lazy"] if args.vote == "both" else [current_vote_group() if args.vote == "current" else args.vote]
     results = {}
     for vote in votes:
-        results[vote] = report(run(sizes, vote, args.per_process, args.lease_ttl), modelled,
+        results[vote] = report(run(sizes, vote, args.per_process, args.lease_ttl, args.kill,
+                                   args.kill_during_restart), modelled,
                                args.svg if vote == votes[-1] else None, vote)
     if args.json:
         chosen = results[votes[-1]]

@@ -64,7 +64,8 @@ def write_memory(n: int, run_id: str, mem_root: Path, addresses: dict[int, str])
     return parts
 
 
-def _group(indices, n, endpoint, run_id, work, mem_root, lease_ttl, step_time, vote, ports, commands, replies):
+def _group(indices, n, survivors, endpoint, run_id, work, mem_root, lease_ttl, step_time, vote, ports, commands,
+           replies):
     """One process of simulated nodes; obeys ``commands`` (see ``measure``)."""
     # torch looks up the peer's name at every TCPStore connect, client and server side (see
     # bench/store_connect.py): here all nodes' workers send that burst of DNS queries from one host, and
@@ -83,7 +84,7 @@ def _group(indices, n, endpoint, run_id, work, mem_root, lease_ttl, step_time, v
     servers = [ShardServer(NodeDir(Path(mem_root) / run_id / node_name(i)), node_name(i), run_id, "127.0.0.1",
                            ports[i]).start() for i in ports if i in indices]
     nodes = [SimNode(i, n, pools[k // PER_CONNECTION], endpoint, keys, Path(work), Path(mem_root), lease_ttl,
-                     step_time) for k, i in enumerate(indices)]
+                     step_time, survivors) for k, i in enumerate(indices)]
     by_index = {node.index: node for node in nodes}
     replies.put(("registered", None))
 
@@ -112,8 +113,9 @@ def _group(indices, n, endpoint, run_id, work, mem_root, lease_ttl, step_time, v
                 nodes.remove(victim)
                 replies.put(("killed", victim.die()))
             elif command == "wait":
-                all_nodes(lambda node: node.restarted.wait(arg))
-                replies.put(("restarted", {node.name: dict(node.result, restarted=node.restarted.is_set())
+                settled = {}
+                all_nodes(lambda node: settled.__setitem__(node.name, node.settled(arg)))
+                replies.put(("restarted", {node.name: dict(node.result, restarted=settled[node.name])
                                            for node in nodes}))
             elif command == "finish":
                 all_nodes(SimNode.finish)
@@ -128,8 +130,11 @@ def _group(indices, n, endpoint, run_id, work, mem_root, lease_ttl, step_time, v
 
 
 def measure(n: int, endpoint: str, work: Path, mem_root: Path, vote: str = "lazy", per_process: int = 128,
-            lease_ttl: float = 3.0, step_time: float = 0.2, cap: float = 300.0) -> dict:
-    """One restart at ``n`` nodes: the phases (seconds), the total, and each survivor's new rank."""
+            lease_ttl: float = 3.0, step_time: float = 0.2, cap: float = 300.0, kills: int = 1,
+            during: bool = False) -> dict:
+    """One restart at ``n`` nodes: the phases (seconds), the total, and each survivor's new rank.
+    ``kills`` nodes die at once; ``during``: one more dies once the survivors have stopped their
+    workers (inside the restart), so the restart runs again before the job trains on."""
     from restart_scale_node import node_name
 
     run_id = uuid.uuid4().hex
@@ -142,10 +147,14 @@ def measure(n: int, endpoint: str, work: Path, mem_root: Path, vote: str = "lazy
     processes = -(-n // per_process)
     size = -(-n // processes)
     shares = [list(range(n))[p * size:(p + 1) * size] for p in range(processes)]
-    victim = n // 2  # neither a holder of the checkpoint-wide files nor the round's rank 0
+    # Neither a holder of the checkpoint-wide files (nodes 0, 1) nor the round's rank 0.
+    victims = [n // 2 + i for i in range(kills + during)]
+    if victims[-1] >= n or n - len(victims) < max(1, n // 2):  # the handler's min_nodes is n // 2
+        raise ValueError(f"{n} nodes cannot lose {len(victims)} and keep training: use more nodes")
+    survivors = n - len(victims)
     ctx = multiprocessing.get_context("spawn")
     channels = [(ctx.Queue(), ctx.Queue()) for _ in shares]
-    children = [ctx.Process(target=_group, daemon=True, args=(share, n, endpoint, run_id, str(work), str(mem_root),
+    children = [ctx.Process(target=_group, daemon=True, args=(share, n, survivors, endpoint, run_id, str(work), str(mem_root),
                                                              lease_ttl, step_time, vote, ports, commands, replies))
                 for share, (commands, replies) in zip(shares, channels)]
     for child in children:
@@ -172,12 +181,15 @@ def measure(n: int, endpoint: str, work: Path, mem_root: Path, vote: str = "lazy
         if not all(ask("start")):
             raise RuntimeError("a worker took no first step in round 0")
         result["first_start_s"] = time.time() - formed
-        last_beat = ask("kill", victim, only=victim // size)[0]
-        survivors = {}
+        beats = [ask("kill", victim, only=victim // size)[0] for victim in victims[:kills]]
+        if during:
+            _await_a_stop(client, keys, min(beats))
+            ask("kill", victims[-1], only=victims[-1] // size)
+        settled = {}
         for part in ask("wait", cap):
-            survivors.update(part)
+            settled.update(part)
         ask("finish")
-        result.update(spans(client, keys, last_beat, survivors, n))
+        result.update(spans(client, keys, min(beats), settled, survivors), kills=kills, during=during)
     except Exception as exc:  # noqa: BLE001 - a row of the table
         result["error"] = str(exc)[:200]
         for commands, _ in channels:
@@ -191,7 +203,32 @@ def measure(n: int, endpoint: str, work: Path, mem_root: Path, vote: str = "lazy
     return result
 
 
-def spans(client, keys: RunKeys, begin: float, survivors: dict, n: int) -> dict:
+def _await_a_stop(client, keys: RunKeys, since: float, timeout: float = 120.0) -> None:
+    """Until a survivor has stopped its workers for the restart (its ``workers_stopped`` event):
+    a node killed then dies inside the restart."""
+    import json
+
+    stopped = threading.Event()
+
+    def seen(values) -> None:
+        for value in values:
+            record = json.loads(value) if value else {}
+            if record.get("kind") == EventKind.WORKERS_STOPPED and record.get("why") == "restart" \
+                    and record.get("time", 0) >= since:
+                stopped.set()
+
+    items, revision = client.get_prefix(keys.events)
+    seen([item.value for item in items])
+    cancel = client.watch_prefix(keys.events, lambda events: seen([e.value for e in events if not e.deleted]),
+                                 start_revision=revision + 1)
+    try:
+        if not stopped.wait(timeout):
+            raise RuntimeError(f"no survivor stopped its workers within {timeout:g} s")
+    finally:
+        cancel()
+
+
+def spans(client, keys: RunKeys, begin: float, survivors: dict, expected: int) -> dict:
     """``eft report``'s phases of the restart, from the events the agents recorded."""
     from elasticft.agent.events import EventLog
 
@@ -200,8 +237,8 @@ def spans(client, keys: RunKeys, begin: float, survivors: dict, n: int) -> dict:
     following = [e for e in events if e["kind"] == EventKind.WORKERS_STOPPED and e.get("why") == "finished"]
     acted = [e["time"] for e in events if e["kind"] in (EventKind.NODE_LOST, EventKind.RESTART)]
     firsts = [e["first_step"] for e in following if e.get("first_step")]
-    if len(firsts) != n - 1 or not acted:
-        raise RuntimeError(f"{len(firsts)} of {n - 1} survivors reported a first step")
+    if len(firsts) != expected or not acted:
+        raise RuntimeError(f"{len(firsts)} of {expected} survivors reported a first step")
     end = max(firsts)  # every survivor's first step
     phases = restart_spans(begin, end, True, min(acted), stopped, following)
     return {"total_s": end - begin, "phases": {span.name: span.seconds for span in phases},

@@ -80,10 +80,11 @@ class _GroupDist:
 tree_max.dist = _GroupDist  # this process is the harness alone: eft's own tree, on directly made groups
 
 
-def model_args(n: int) -> list[str]:
-    """A small Megatron model whose batch divides both N and N-1 ranks: every survivor gets a rank."""
+def model_args(n: int, survivors: int) -> list[str]:
+    """A small Megatron model whose batch divides both N and the survivors' ranks: every survivor
+    gets a rank at the end (a generation in between may leave spare ranks)."""
     return ["--num-layers", "4", "--num-attention-heads", "8", "--hidden-size", "256", "--seq-length", "128",
-            "--global-batch-size", str(n * (n - 1)), "--micro-batch-size", "1"]
+            "--global-batch-size", str(n * survivors), "--micro-batch-size", "1"]
 
 
 class _Heartbeat(ProgressWriter):
@@ -170,8 +171,9 @@ class SimNode:
     """One node's agent: register, connect, then start generations and restart on a loss."""
 
     def __init__(self, index: int, n: int, client, endpoint: str, keys: RunKeys, work: Path, mem_root: Path,
-                 lease_ttl: float, step_time: float):
+                 lease_ttl: float, step_time: float, survivors: int):
         self.index, self.n, self.client, self.endpoint, self.keys = index, n, client, endpoint, keys
+        self.survivors = survivors  # the world the job ends the measurement at
         self.name = node_name(index)
         self.step_time = step_time
         self.run_dir = work / self.name
@@ -185,7 +187,7 @@ class SimNode:
         self.generation = 0
         self.workers: list[Worker] = []
         self.exit = threading.Event()
-        self.restarted = threading.Event()
+        self.restarted = threading.Condition()  # notified after each restart's first steps
         self.result: dict = {}
         self.membership = self.handler = self.stops = self.planner = None
 
@@ -198,7 +200,7 @@ class SimNode:
         self.handler = create_handler(params, client=self.client)
         share_node_lease(self.handler, self.node, self.membership)
         self.stops = StopRecorder(self.events.record, self.run_dir)
-        self.planner = RoundPlanner.for_worker(tuple(model_args(self.n)), PlannerConfig())
+        self.planner = RoundPlanner.for_worker(tuple(model_args(self.n, self.survivors)), PlannerConfig())
 
     # -- the agent's steps ----------------------------------------------------------
 
@@ -208,7 +210,7 @@ class SimNode:
         info = self.handler.next_rendezvous()
         self.stops.stamp(RestartPhase.RENDEZVOUS)  # torch calls _assign_worker_ranks as the round forms
         share = self.planner.assign(info.store, info.rank, info.world_size, 1)
-        self.membership.forget_excluded(rendezvous_revision(self.handler))
+        self.membership.forget_non_members(rendezvous_revision(self.handler))
         self.stops.stamp(RestartPhase.REPLAN)
         began = time.time()
         self.prepare_restore()
@@ -241,9 +243,14 @@ class SimNode:
 
     def monitor(self) -> None:
         """torch's monitor loop as far as a lost member goes: look every interval; on a loss,
-        record it, stop the workers, and start the next generation."""
+        record it, stop the workers, and start the next generation (a loss during a restart, as
+        ``--kill-during-restart`` makes, is the next turn's); note the generation's first steps."""
         while not self.exit.wait(MONITOR_INTERVAL):
             if not self.membership.lost.is_set():
+                with self.restarted:
+                    if self.result.get("first_steps") is None and all(w.first_step.is_set() for w in self.workers):
+                        self.result["first_steps"] = [w.steps > 0 for w in self.workers]
+                        self.restarted.notify_all()
                 continue
             lost = [r.node_id for r in self.membership.lost_nodes().values()]
             self.events.record(EventKind.NODE_LOST, nodes=lost, restarts=1)  # announce()
@@ -251,12 +258,17 @@ class SimNode:
             for worker in self.workers:
                 worker.kill()
             self.stops.stopped("restart")
+            with self.restarted:
+                self.result["first_steps"] = None  # the next generation's, once its workers step
+                self.result["restarts"] = self.result.get("restarts", 0) + 1
             self.start_generation()
-            for worker in self.workers:
-                worker.first_step.wait(GLOO_TIMEOUT.total_seconds())
-            self.result["first_steps"] = [w.steps > 0 for w in self.workers]
-            self.restarted.set()
-            return
+
+    def settled(self, timeout: float) -> bool:
+        """Whether this node restarted into the job's last world (every survivor's rank) and its
+        workers took their first step there, within ``timeout``."""
+        with self.restarted:
+            return self.restarted.wait_for(lambda: self.result.get("world") == self.survivors
+                                           and self.result.get("first_steps") is not None, timeout)
 
     def die(self) -> float:
         """As a node SIGKILLed: its workers and watches go, then its lease (revoked: the same keys at

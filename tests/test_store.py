@@ -74,6 +74,29 @@ def test_membership_tells_a_lost_node_from_one_that_left(etcd, run_keys):
         membership.close()
 
 
+def test_a_node_lost_while_the_round_formed_without_it_costs_no_second_restart(etcd, run_keys):
+    """A node that dies during a restart (after the survivors stopped their workers, before their
+    round formed) is no member of that round: once it formed, its loss asks for nothing more.
+    Before, every survivor whose watch saw it after the restart began restarted again alone."""
+    membership = Membership(etcd, run_keys)
+    leases = {name: NodeLease(etcd, run_keys, NodeRecord(name, "h", name, i), ttl=3) for i, name in enumerate("abc")}
+    try:
+        membership.take_losses()  # the restart begins (the agent's _rendezvous)
+        leases["b"].close(clean=False)  # dies while the survivors rendezvous
+        assert membership.lost.wait(5)
+        _, formed_at = etcd.get_prefix(run_keys.nodes)  # the round forms after: without it
+        membership.forget_non_members(formed_at)
+        assert not membership.lost.is_set() and membership.take_losses() == []
+        leases["c"].close(clean=False)  # lost after the round formed: one of its members
+        assert membership.lost.wait(5)
+        membership.forget_non_members(formed_at)
+        assert [r.node_id for r in membership.take_losses()] == ["c"]
+    finally:
+        membership.close()
+        for lease in leases.values():
+            lease.close(clean=True)
+
+
 def test_rendezvous_backend_shows_torch_lost_nodes_long_silent(etcd):
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         _NodeDesc,

@@ -31,11 +31,11 @@ def test_an_excluded_node_is_lost_to_the_others_until_their_round_is_formed(etcd
         leases["a"].close(clean=False)  # a second close does nothing
         wait_for(membership.lost.is_set, 10, "the excluded node's departure")
         assert ("h", 0) in membership.lost_rdzv_identities()  # the rendezvous drops it at once
-        membership.forget_excluded()
+        membership.forget_non_members()
         assert not membership.lost.is_set() and membership.take_losses() == []
         leases["b"].close(clean=False)  # a node that dies is still a loss
         wait_for(membership.lost.is_set, 10, "the lost node")
-        membership.forget_excluded()
+        membership.forget_non_members()
         assert [r.node_id for r in membership.take_losses()] == ["b"]
     finally:
         membership.close()
@@ -51,7 +51,7 @@ def test_a_straggler_whose_departure_is_seen_after_the_round_formed_without_it_i
     try:
         leases["a"].set_state("excluded")  # it leaves instead of joining the next round
         _, formed_at = etcd.get_prefix(run_keys.nodes)  # the survivors' round forms without it
-        membership.forget_excluded(formed_at)
+        membership.forget_non_members(formed_at)
         leases["a"].close(clean=False)
         wait_for(lambda: "a" not in membership.members(), 10, "the straggler's departure")
         assert not membership.lost.is_set() and membership.take_losses() == []

@@ -262,7 +262,7 @@ class FTElasticAgent(LocalElasticAgent):
         if ctx is not None:
             # A node that left as a straggler left before this round: its departure,
             # seen while the round formed, calls for no further restart.
-            ctx.membership.forget_excluded(rendezvous_revision(worker_group.spec.rdzv_handler))
+            ctx.membership.forget_non_members(rendezvous_revision(worker_group.spec.rdzv_handler))
             if self._planner is None and worker_group.group_rank == 0:
                 # No model to plan for: still tell `eft top` what this round looks like.
                 self._rounds += 1

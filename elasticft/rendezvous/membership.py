@@ -100,7 +100,8 @@ class Membership:
         self._records: dict[str, NodeRecord] = {}
         self._lost: dict[str, NodeRecord] = {}  # every loss, for the rendezvous
         self._unreported: list[NodeRecord] = []  # losses the agent has not acted on
-        self._formed_at = 0  # the revision this node's round was formed at (forget_excluded)
+        self._formed_at = 0  # the revision this node's round was formed at (forget_non_members)
+        self._lost_at: dict[str, int] = {}  # node -> the revision its record went (watched)
         self._excluded_at: dict[str, int] = {}  # node -> revision its record said ``excluded`` (watched)
         self._failed_rounds: dict[str, int] = {}  # node -> the round its record says its workers failed in
         self.lost = threading.Event()
@@ -128,6 +129,7 @@ class Membership:
                 for record in apply_node_events(self._records, self._prefix, [event]):
                     log.debug("node %s (%s) lost its lease", record.node_id, record.host)
                     self._lost[record.node_id] = record
+                    self._lost_at[record.node_id] = event.revision
                     marked = self._excluded_at.pop(record.node_id, None)
                     if marked is not None and marked <= self._formed_at:
                         continue  # left as a straggler before this node's round formed: not a member
@@ -186,21 +188,28 @@ class Membership:
             self.lost.clear()
             return fresh
 
-    def forget_excluded(self, formed_at: int | None = None) -> None:
-        """Drop unreported departures of nodes that left as stragglers (state ``excluded``).
+    def forget_non_members(self, formed_at: int | None = None) -> None:
+        """Drop the unreported departures of nodes that are no members of the round just formed.
 
-        Called after a rendezvous round completed: such a node left instead of joining
-        any later round, so the round just formed is complete without it, and its
-        departure, seen while the round formed, calls for no further restart. ``formed_at``
-        (the etcd revision the round's members were counted at; None: unknown) covers a
-        departure this watch delivers only after the round formed (the decision comes
-        through another watch): a node marks itself excluded before it would join a
-        round and joins none after, so one marked at or before ``formed_at`` is no member.
+        Called after a rendezvous round completed, ``formed_at`` the etcd revision its members
+        were counted at (None: unknown). Two kinds: a node that left as a straggler (state
+        ``excluded``) left instead of joining any later round, so the round is complete without
+        it; one marked at or before ``formed_at`` is no member even when this watch delivers its
+        departure only after the round formed (the decision comes through another watch). And a
+        node lost at or before ``formed_at`` (its record and its participant key go at one
+        revision): it died while this node restarted, the round formed without it, and its loss
+        calls for no second restart. A node lost after ``formed_at`` was a member: still a loss.
         """
         with self._lock:
             if formed_at is not None:
                 self._formed_at = formed_at
-            self._unreported = [r for r in self._unreported if r.state is not NodeState.EXCLUDED]
+
+            def member(record: NodeRecord) -> bool:
+                lost_at = self._lost_at.get(record.node_id)
+                return record.state is not NodeState.EXCLUDED and not (
+                    formed_at is not None and lost_at is not None and lost_at <= formed_at)
+
+            self._unreported = [r for r in self._unreported if member(r)]
             if not self._unreported:
                 self.lost.clear()
 
