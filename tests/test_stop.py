@@ -101,6 +101,16 @@ def stuck_peer_restart(out) -> tuple[float, list[int]]:
     return min(s["started"] for s in seen) - killed, [pid for s in seen for pid in s["running"]]
 
 
+def assert_killed_at_once(out) -> None:
+    """The second generation started within torch's grace of the kill, nothing of the first ran
+    then, and none of the first generation's two workers runs now."""
+    took, running_then = stuck_peer_restart(out)
+    assert took < TORCH_GRACE, f"the next generation started {took:.1f} s after the kill: torch's grace was waited"
+    assert running_then == []
+    first = [json.loads(path.read_text())["worker"] for path in out.glob("first-*.json")]
+    assert len(first) == 2 and not running(first)
+
+
 def test_a_rank_stuck_with_a_dead_local_peer_is_killed_at_once_not_after_torchs_grace(tmp_path, eft_job):
     """Two workers on one node; local rank 1 SIGKILLs itself while rank 0, like a rank blocked in
     an NCCL collective with it, records SIGTERM (eft's hook: a save it cannot make) and never
@@ -110,11 +120,7 @@ def test_a_rank_stuck_with_a_dead_local_peer_is_killed_at_once_not_after_torchs_
     out.mkdir()
     node = eft_job("stuck_peer.py", out, nproc=2, eft_flags=["--max-restarts", "1"])
     assert node.wait(180) == 0, node.output()[-3000:]
-    took, running_then = stuck_peer_restart(out)
-    assert took < TORCH_GRACE, f"the next generation started {took:.1f} s after the kill: torch's grace was waited"
-    assert running_then == []
-    first = [json.loads(path.read_text())["worker"] for path in out.glob("first-*.json")]
-    assert len(first) == 2 and not running(first)
+    assert_killed_at_once(out)
 
 
 def test_a_rank_whose_peer_nodes_worker_died_is_killed_at_once_not_after_torchs_grace(tmp_path, eft_job):
@@ -128,8 +134,4 @@ def test_a_rank_whose_peer_nodes_worker_died_is_killed_at_once_not_after_torchs_
     nodes = [eft_job("stuck_peer.py", out, nodes="2", eft_flags=["--max-restarts", "1"]) for _ in range(2)]
     for node in nodes:
         assert node.wait(180) == 0, node.output()[-3000:]
-    took, running_then = stuck_peer_restart(out)
-    assert took < TORCH_GRACE, f"the next generation started {took:.1f} s after the kill: torch's grace was waited"
-    assert running_then == []
-    first = [json.loads(path.read_text())["worker"] for path in out.glob("first-*.json")]
-    assert len(first) == 2 and not running(first)
+    assert_killed_at_once(out)
