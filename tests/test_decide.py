@@ -114,3 +114,25 @@ def test_torchs_own_restart_for_a_joining_node_keeps_sigterm_and_kills_for_a_mem
         assert (decision.stop_signal, restart_reason(decision, state)) == (signal.SIGKILL, reason)
     save = decide(Observation(WorkerState.SUCCEEDED, signal_save=True))
     assert torchs_restart(save, WorkerState.SUCCEEDED, FAILED_PEER) is save  # the monitor's own decision stands
+
+
+def _failure(local_rank: int, exitcode: int, at: float):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    failure = ProcessFailure(local_rank, 1000 + local_rank, exitcode, "<N/A>")
+    failure.timestamp = at
+    return failure
+
+
+def test_only_the_first_failure_decides_whether_a_lost_node_may_explain_it():
+    """torch's report lists the workers it stopped after the first failed: SIGKILLed at once now
+    (their collectives with the dead rank cannot finish), they are not a crash of their own. A rank
+    that exited with an error when a peer node vanished still waits for that node's lease (the demo
+    lost its node 1 and gave up: a sibling's -9 was taken for a kill needing no grace)."""
+    from elasticft.agent.observe import no_lost_node_explains
+
+    peer_vanished = {0: _failure(0, 1, at=10.0), 1: _failure(1, -signal.SIGKILL, at=10.2)}
+    assert not no_lost_node_explains(2, peer_vanished)
+    killed_here = {0: _failure(0, -signal.SIGKILL, at=10.0), 1: _failure(1, -signal.SIGKILL, at=10.2)}
+    assert no_lost_node_explains(2, killed_here)
+    assert no_lost_node_explains(1, peer_vanished)  # a round of one node has no peer node to lose

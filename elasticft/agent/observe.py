@@ -34,10 +34,15 @@ SELF_INFLICTED = frozenset({signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signa
 
 def no_lost_node_explains(nodes: int | None, failures: Mapping[int, ProcessFailure]) -> bool:
     """A failure no lost node can explain, which needs no grace: the round is one node (no
-    peer node to lose), or a worker here died of its own crash or a kill (``SELF_INFLICTED``)."""
+    peer node to lose), or the first worker here to fail died of its own crash or a kill
+    (``SELF_INFLICTED``). Only the first: torch's report lists the workers it then stopped too,
+    and those it SIGKILLs (``torch_seam.failure_kills_the_rest``) were killed for the first."""
     if nodes == 1:
         return True
-    return any(f.exitcode < 0 and -f.exitcode in SELF_INFLICTED for f in failures.values())
+    if not failures:
+        return False
+    first = min(failures.values(), key=lambda f: f.timestamp)
+    return first.exitcode < 0 and -first.exitcode in SELF_INFLICTED
 
 
 class Observer:
