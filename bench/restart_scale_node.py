@@ -3,9 +3,9 @@
 The agent part runs eft's own code, wired as ``FTElasticAgent`` wires it: the node's record
 under its lease (``NodeLease``), the membership watch (``Membership``), the etcd-v3 handler
 sharing that lease and watch (``share_node_lease``), the planner (``RoundPlanner.assign``
-through the round's store), the memory tier's restore preparation (``complete_iterations``
-over the index, ``prepare_candidates``: the checkpoint-wide files fetched from a holder's
-shard server), and the ``workers_stopped`` events with the restart phases (``StopRecorder``).
+through the round's store), the memory tier's restore preparation (``restart_plan``: the
+index read once for the job; ``complete_iterations``, ``prepare_candidates``: the
+checkpoint-wide files fetched from a holder's shard server), and the ``workers_stopped`` events with the restart phases (``StopRecorder``).
 It polls the membership at torchrun's monitor interval (0.1 s), as torch's monitor loop does.
 
 A worker stand-in is one gloo rank as a thread: what a Megatron worker does on the control
@@ -42,6 +42,7 @@ from elasticft.contract.records import NodeRecord
 from elasticft.contract.run_dir import write_atomically
 from elasticft.memckpt.index import MemIndex, complete_iterations
 from elasticft.memckpt.node_dir import NodeDir
+from elasticft.memckpt.plan import restart_plan
 from elasticft.memckpt.restore import prepare_candidates
 from elasticft.rendezvous.backend import create_handler, rendezvous_revision, share_node_lease
 from elasticft.rendezvous.membership import Membership, NodeLease
@@ -224,10 +225,11 @@ class SimNode:
         self.result.update(world=share.plan.used, rank=info.rank, round=self.handler.round.number)
 
     def prepare_restore(self) -> None:
-        """``MemoryTier.prepare_start`` less its generation bookkeeping: the index read, the
-        iterations the members complete, the candidates (checkpoint-wide files fetched)."""
-        parts = self.index_reader.parts()
+        """``MemoryTier.prepare_start`` less its generation bookkeeping: the restart's plan (the
+        index read once for the job, by the planning agent: ``memckpt/plan.py``), the iterations
+        the members complete, the candidates (checkpoint-wide files fetched)."""
         alive = set(self.membership.members()) | {self.name}
+        parts = restart_plan(self.index_reader, self.name, alive).parts
         complete = complete_iterations(parts, alive)
         self.node_dir.clear_restore()
         candidates = prepare_candidates(self.node_dir, self.name, self.keys.run_id, complete, self.events.record,
