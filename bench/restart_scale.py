@@ -136,8 +136,10 @@ def write_curve(path: Path, result: dict) -> None:
     measured = result["measured"]
     phases = "\n".join(f"    {p!r}: {tuple(r['phases'].get(p, 0.0) for r in measured)!r},"
                        for p in result["phases"] if p != "detection")
-    source = (f"bench/restart_scale.py {when}, {os.cpu_count()} cores, vote group {result['vote']}, "
-              f"one rank per node")
+    # Every node's agent and worker share this host's cores: past a few nodes a phase is the CPU of
+    # all N nodes' per-node work, which on a cluster runs in parallel. So the curve is an upper bound.
+    source = (f"bench/restart_scale.py {when}: all N nodes on one {os.cpu_count()}-core host, an upper "
+              f"bound of a cluster's")
     path.write_text(CURVE_MODULE.format(when=when, source=source, nodes=tuple(r["nodes"] for r in measured),
                                         phases=phases))
     print(f"eft simulate's curve: {path}")

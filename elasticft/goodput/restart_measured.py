@@ -5,17 +5,17 @@ job's size (``restart_curve.py``); detection, the lease's expiry, is its own cos
 
 from elasticft.goodput.restart_curve import RestartCurve
 
-SOURCE = 'bench/restart_scale.py 2026-11-28, 2 cores, vote group lazy, one rank per node'
-NODES = (8, 32, 128)
+SOURCE = "bench/restart_scale.py 2026-11-28: all N nodes on one 2-core host, an upper bound of a cluster's"
+NODES = (8, 32, 128, 256)
 PHASES = {
-    'stop': (0.0146, 0.0402, 0.3005),
-    'rendezvous': (0.0369, 0.0751, 0.3821),
-    'replan': (0.017, 0.3527, 6.6862),
-    'spawn': (0.0336, 1.0723, 1.3334),
-    'imports': (0.0007, 0.0004, 0.0009),
-    'process_group': (0.0015, 0.001, 4.0882),
-    'load': (0.0279, 0.0143, 0.0768),
-    'first_step': (0.0054, 0.0165, 0.1318),
+    'stop': (0.0196, 0.0857, 0.4592, 1.379),
+    'rendezvous': (0.0463, 0.141, 0.6325, 0.8371),
+    'replan': (0.0491, 0.1951, 0.5227, 1.3293),
+    'spawn': (0.056, 0.3198, 3.6043, 13.5953),
+    'imports': (0.0006, 0.0004, 0.0012, 0.0037),
+    'process_group': (0.0004, 0.0021, 0.0006, 0.0008),
+    'load': (0.004, 0.0235, 0.1441, 0.3595),
+    'first_step': (0.002, 0.0118, 0.1237, 0.3345),
 }
 
 
