@@ -74,7 +74,9 @@ def _group(indices, n, survivors, endpoint, run_id, work, mem_root, lease_ttl, s
     os.environ.setdefault("RES_OPTIONS", "use-vc")
     if vote == "lazy":
         os.environ["TORCH_GLOO_LAZY_INIT"] = "1"  # read as each group is made: before any is
-    from restart_scale_node import SimNode, node_name
+    from restart_scale_node import SimNode, node_name, use_direct_groups
+
+    use_direct_groups()
 
     from elasticft.memckpt.node_dir import NodeDir
     from elasticft.memckpt.server import ShardServer

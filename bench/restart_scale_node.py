@@ -78,7 +78,10 @@ class _GroupDist:
         group.recv([tensor], src, tag).wait()
 
 
-tree_max.dist = _GroupDist  # this process is the harness alone: eft's own tree, on directly made groups
+def use_direct_groups() -> None:
+    """eft's own tree (``tree_max_``) on directly made groups, in a process of the harness's own
+    (``restart_scale_group._group``): never in one that imports this module for its names."""
+    tree_max.dist = _GroupDist
 
 
 def model_args(n: int, survivors: int) -> list[str]:
@@ -222,7 +225,8 @@ class SimNode:
         self.workers = [Worker(self, share.first_rank + i, share.plan.used, (store.master_addr, store.master_port),
                                self.step_time).start() for i in range(share.local_workers)]
         self.stops.stamp(RestartPhase.SPAWN)
-        self.result.update(world=share.plan.used, rank=info.rank, round=self.handler.round.number)
+        self.result.update(world=share.plan.used, rank=info.rank, round=self.handler.round.number,
+                           nodes=info.world_size)
 
     def prepare_restore(self) -> None:
         """``MemoryTier.prepare_start`` less its generation bookkeeping: the restart's plan (the
@@ -269,7 +273,9 @@ class SimNode:
         """Whether this node restarted into the job's last world (every survivor's rank) and its
         workers took their first step there, within ``timeout``."""
         with self.restarted:
-            return self.restarted.wait_for(lambda: self.result.get("world") == self.survivors
+            # The round's nodes, not the plan's ranks: a round in between (a node about to die in it)
+            # can plan as many ranks as the last one, leaving a node spare.
+            return self.restarted.wait_for(lambda: self.result.get("nodes") == self.survivors
                                            and self.result.get("first_steps") is not None, timeout)
 
     def die(self) -> float:

@@ -23,8 +23,11 @@ def _one_rank(port: int, rank: int, size: int, prefix: str) -> float:
     import torch
     import torch.distributed as dist
 
-    import restart_scale_node  # noqa: F401 - routes tree_max's calls to a directly made group
+    from restart_scale_node import use_direct_groups
+
     from elasticft.worker import tree_max
+
+    use_direct_groups()  # tree_max's calls to a directly made group
 
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=TIMEOUT)
     group = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size, TIMEOUT)

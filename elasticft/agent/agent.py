@@ -5,8 +5,7 @@ What it changes, each through one of the agent's steps:
 * ``run``: before the first rendezvous, join the run (``AgentContext``: the node's record under an
   etcd lease, a watch on everyone's) and start the services (``services.py``); on the way out, stop
   them and leave (cleanly after success).
-* ``_rendezvous``: forget losses that happened before this round started; with ``--eft-straggler-action
-  exclude``, a node with a straggler leaves the job here instead of joining the next round.
+* ``_rendezvous``: forget earlier losses; a straggler's node may leave here (``--eft-straggler-action``).
 * ``_assign_worker_ranks``: with Megatron's model arguments, ranks from the round's
   plan (``replan.py``); spare ranks get no worker.
 * ``_monitor_workers``: one look at the workers, the membership and the heartbeats (``observe.py``),
@@ -53,7 +52,7 @@ from elasticft.agent.announce import announce
 from elasticft.agent.auto_timeouts import SectionTimeouts
 from elasticft.agent.checkpoints import CheckpointCoordinator
 from elasticft.agent.context import AgentContext, EtcdTarget
-from elasticft.agent.dead_peers import current_round, stop_decision
+from elasticft.agent.dead_peers import current_round, stop_decision, tell_peers
 from elasticft.agent.decide import (
     FENCED,
     REPORT,
@@ -343,7 +342,7 @@ class FTElasticAgent(LocalElasticAgent):
             announce(FENCED, self._ctx, self.membership_restarts)
         if self._pending.reason is RestartReason.FENCED:  # now: the report below may wait for etcd
             super()._shutdown(self._pending.stop_signal)
-        self._pending = stop_decision(self._ctx, worker_group, self._pending, self._observer)  # dead peers: SIGKILL
+        self._pending = stop_decision(worker_group, self._pending, self._observer)  # dead peers: SIGKILL
         reason = restart_reason(self._pending, worker_group.state)
         if self._budget is not None:
             self._budget.before_restart(reason, lambda: self._stop_workers(worker_group), self._failed)
@@ -351,6 +350,7 @@ class FTElasticAgent(LocalElasticAgent):
             self._ctx.record(EventKind.RESTART, reason=reason,
                              remaining_restarts=torch_seam.remaining_restarts(self),
                              max_restarts=worker_group.spec.max_restarts)
+            tell_peers(self._ctx, worker_group, reason)  # after the event: the peers' restarts follow it
         try:  # torch's restart calls _stop_workers, which reads the pending decision
             super()._restart_workers(worker_group)
         finally:

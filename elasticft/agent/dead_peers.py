@@ -43,19 +43,23 @@ def current_round(handler: RendezvousHandler) -> int | None:
         return None
 
 
-def stop_decision(ctx: AgentContext | None, worker_group: WorkerGroup, pending: Decision,
-                  observer: Observer) -> Decision:
-    """The decision the restart that begins now stops the workers by (``pending``: the monitor's).
+def stop_decision(worker_group: WorkerGroup, pending: Decision, observer: Observer) -> Decision:
+    """The decision the restart that begins now stops the workers by (``pending``: the monitor's):
+    a restart torch starts on its own for waiting nodes kills when one of them is a member whose
+    workers failed."""
+    return torchs_restart(pending, worker_group.state, observer.failed_peers())
 
-    When this node's workers failed (a restart charged: a worker failed, a rank hung), its
-    record says so before they are stopped, so that the round's other members stop theirs
-    at once; a restart torch starts on its own for waiting nodes kills when one of them is such
-    a member. etcd out of reach only loses the others' shortcut: they wait out the grace."""
+
+def tell_peers(ctx: AgentContext | None, worker_group: WorkerGroup, reason) -> None:
+    """When this node's workers failed (a restart charged: a worker failed, a rank hung), its record
+    says so before they are stopped, so that the round's other members stop theirs at once. Called
+    after this node's ``restart`` event: the others' restarts follow it in the log, and ``eft
+    report`` names this node's cause. etcd out of reach only loses the others' shortcut: they wait
+    out the grace."""
     round_ = current_round(worker_group.spec.rdzv_handler) if ctx is not None else None
-    if round_ is not None and restart_reason(pending, worker_group.state) in CHARGED_REASONS:
+    if round_ is not None and reason in CHARGED_REASONS:
         try:
             ctx.node.workers_failed(round_)
         except StoreError as exc:
             log.warning("could not tell the other nodes that this node's workers failed (%s): theirs "
                         "get SIGTERM and torch's grace", exc)
-    return torchs_restart(pending, worker_group.state, observer.failed_peers())
