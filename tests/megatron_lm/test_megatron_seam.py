@@ -53,6 +53,12 @@ def test_the_loop_calls_each_wrapped_function_through_its_module(caller, callee)
     in its module's globals at call time (not a local alias bound at import)."""
     module = importlib.import_module(seam.SITES[callee].module)
     code = getattr(module, caller).__code__
+    if (caller, callee) == ("pretrain", "save_checkpoint_and_time") and callee not in code.co_names:
+        from importlib.metadata import version
+
+        if version("megatron-core").startswith("0.17."):  # docs/megatron-lm.md, "Limits"
+            pytest.skip("Megatron-LM 0.17's pretrain makes its final save through save_checkpoint: eft's vote "
+                        "before that save does not run there")
     assert callee in code.co_names, f"{caller} no longer calls {callee} by its global name"
 
 
