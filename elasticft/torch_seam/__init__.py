@@ -183,13 +183,21 @@ def shutdown(base: Callable[..., None], agent: LocalElasticAgent, death_sig: Any
     if SHUTDOWN_TAKES_TIMEOUT:
         base(death_sig, timeout)
         return
+    with _close_given(agent, timeout=timeout):
+        base(death_sig)
+
+
+@contextlib.contextmanager
+def _close_given(agent: LocalElasticAgent, **arguments: Any) -> Iterator[None]:
+    """Inside, the agent's process context's ``close`` is called with ``arguments`` (keywords of
+    ``PContext.close``, checked at import) where torch's caller leaves them at their defaults."""
     processes = worker_processes(agent)
     if processes is None:
-        base(death_sig)
+        yield
         return
-    processes.close = functools.partial(_attribute(processes, "close"), timeout=timeout)
+    processes.close = functools.partial(_attribute(processes, "close"), **arguments)
     try:
-        base(death_sig)
+        yield
     finally:
         del processes.close  # the class's own again
 
@@ -205,15 +213,8 @@ def failure_kills_the_rest(agent: LocalElasticAgent) -> Iterator[None]:
     peer is stuck in a collective that cannot finish (on a GPU, an NCCL kernel) and never acts
     on SIGTERM (eft's ``Hook`` makes it a request to save), so the node waited the whole 30 s.
     The context's ``close`` gets SIGKILL for the look (after a success, none runs to signal)."""
-    processes = worker_processes(agent)
-    if processes is None:
+    with _close_given(agent, death_sig=signal.SIGKILL):
         yield
-        return
-    processes.close = functools.partial(_attribute(processes, "close"), signal.SIGKILL)
-    try:
-        yield
-    finally:
-        del processes.close  # the class's own again
 
 
 _fill = threading.local()  # the fill of the agent starting workers on this thread
