@@ -103,7 +103,6 @@ class Membership:
         self._formed_at = 0  # the revision this node's round was formed at (forget_non_members)
         self._lost_at: dict[str, int] = {}  # node -> the revision its record went (watched)
         self._excluded_at: dict[str, int] = {}  # node -> revision its record said ``excluded`` (watched)
-        self._failed_rounds: dict[str, int] = {}  # node -> the round its record says its workers failed in
         self.lost = threading.Event()
         self._closed = False
         self._cancel = None
@@ -115,7 +114,6 @@ class Membership:
             self._records = {}
             for item in items:
                 self._store(item.key, item.value)
-            self._failed_rounds = {node: r.failed_round for node, r in self._records.items() if r.failed_round >= 0}
         self._cancel = self._client.watch_prefix(
             self._prefix, self._on_events, start_revision=revision + 1, on_error=self._on_error
         )
@@ -138,11 +136,6 @@ class Membership:
                 node = event.key[len(self._prefix):]
                 if not event.deleted and node in self._records and self._records[node].state is NodeState.EXCLUDED:
                     self._excluded_at.setdefault(node, event.revision)
-                record = self._records.get(node)
-                if record is not None and record.failed_round >= 0:
-                    self._failed_rounds[node] = record.failed_round
-                else:
-                    self._failed_rounds.pop(node, None)
 
     def _on_error(self, exc: Exception) -> None:
         if self._closed:
@@ -171,7 +164,7 @@ class Membership:
         """The live members whose record says their workers failed in rendezvous round ``round_``
         (their agents restart; the round's other ranks wait on dead peers). From the watch."""
         with self._lock:
-            return [self._records[node] for node, r in self._failed_rounds.items() if r == round_]
+            return [r for r in self._records.values() if r.failed_round == round_]
 
     def lost_nodes(self) -> dict[str, NodeRecord]:
         with self._lock:
