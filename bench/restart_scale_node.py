@@ -233,7 +233,7 @@ class SimNode:
         index read once for the job, by the planning agent: ``memckpt/plan.py``), the iterations
         the members complete, the candidates (checkpoint-wide files fetched)."""
         alive = set(self.membership.members()) | {self.name}
-        parts = restart_plan(self.index_reader, self.name, alive).parts
+        parts = restart_plan(self.index_reader, self.name, alive, since=rendezvous_revision(self.handler)).parts
         complete = complete_iterations(parts, alive)
         self.node_dir.clear_restore()
         candidates = prepare_candidates(self.node_dir, self.name, self.keys.run_id, complete, self.events.record,

@@ -40,3 +40,27 @@ def test_a_restart_reads_the_memory_index_once_for_the_job_not_once_per_node(tmp
             assert plan.candidates and plan.candidates[0].ready and plan.candidates[0].iteration == 1, plan
         # the planner: the n records; every other node: the plan and the index's newest change
         assert sum(reads) <= n + 2 * (n - 1), (n, reads)
+
+
+def test_with_the_rounds_revision_no_agent_asks_etcd_for_the_index_newest_change(tmp_path):
+    """Given the revision the round counted its members at (eft's rendezvous knows it), a node takes
+    the plan read since then as this restart's: one key read, not also ``last_modified``, which etcd
+    answers by visiting every node's key (N² visits a restart). A plan of an earlier restart for the
+    same nodes, read before that revision, is still refused: the node waits for this restart's."""
+    n = 6
+    with Nodes(n, tmp_path / "nodes", part_bytes=4096) as nodes:
+        nodes.snapshot(1)
+        client = nodes.clients[0]
+        with ThreadPoolExecutor(n) as pool:  # a first restart: its plan stays in mem/plan
+            list(pool.map(lambda tier: tier.prepare_start(set(nodes.names), None), nodes.tiers))
+        nodes.snapshot(2)
+        since = client.revision()  # this restart's round, counted after the newer snapshot
+        asked = []
+        for c in nodes.clients:
+            c.last_modified = lambda prefix, asked=asked: asked.append(prefix)
+        with ThreadPoolExecutor(n) as pool:
+            list(pool.map(lambda tier: tier.prepare_start(set(nodes.names), None, since), nodes.tiers))
+        plans = [RestorePlan.from_json((tier.run_dir / RESTORE_FILE).read_text()) for tier in nodes.tiers]
+    assert asked == []
+    for plan in plans:  # the earlier restart's plan (iteration 1 newest) was not taken
+        assert plan.candidates and plan.candidates[0].ready and plan.candidates[0].iteration == 2, plan

@@ -41,11 +41,7 @@ from torch.distributed.elastic.agent.server.api import (
     WorkerState,
 )
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.rendezvous import (
-    RendezvousClosedError,
-    RendezvousError,
-    RendezvousGracefulExitError,
-)
+from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousError, RendezvousGracefulExitError
 
 from elasticft import torch_seam
 from elasticft.agent.announce import announce
@@ -299,7 +295,8 @@ class FTElasticAgent(LocalElasticAgent):
         self._ckpt.before_workers_start()
         self._numerics.forget_rollback()
         if self._memory is not None and worker_group.workers:
-            os.environ.update(self._memory.before_workers_start(worker_group.group_rank))  # before heartbeats go
+            round_revision = rendezvous_revision(worker_group.spec.rdzv_handler)
+            os.environ.update(self._memory.before_workers_start(worker_group.group_rank, round_revision))
         self._hangs.forget_heartbeats()
         if self._stops is not None and worker_group.workers:
             self._stops.started()

@@ -61,8 +61,10 @@ class MemoryService:
         return {env_name("mem_ckpt_interval"): str(config.mem_ckpt_interval),
                 env_name("mem_ckpt_overlap"): str(config.mem_ckpt_overlap).lower()}
 
-    def before_workers_start(self, group_rank: int | None = None) -> dict[str, str]:
+    def before_workers_start(self, group_rank: int | None = None, round_revision: int | None = None) -> dict[str, str]:
         """Prepare the restore candidates for the workers about to start; their environment.
+        ``round_revision``: the etcd revision the round counted its members at (a memory plan read
+        since is this restart's: ``memckpt/plan.py``), None from another rendezvous backend.
 
         Called before the previous generation's heartbeats are forgotten: they tell how
         far it got, and so how much the next one re-does.
@@ -77,7 +79,7 @@ class MemoryService:
         self.tier.set_members(domains)
         self._inject_corruption(group_rank, set(domains))
         self._inject_slowness(group_rank)
-        return self.tier.prepare_start(set(domains), self._reached)
+        return self.tier.prepare_start(set(domains), self._reached, round_revision)
 
     def _inject_corruption(self, group_rank: int | None, alive: set[str]) -> None:
         """``--eft-inject replica_corrupt:NODE@I``: one flipped byte in a replica held here of the

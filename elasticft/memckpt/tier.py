@@ -172,14 +172,15 @@ class MemoryTier:
 
     # -- restarts ---------------------------------------------------------------
 
-    def prepare_start(self, alive: set[str], reached: int | None) -> dict[str, str]:
-        """Before a start of the workers: a fresh generation dir, the restore candidates, mem-restore.json."""
+    def prepare_start(self, alive: set[str], reached: int | None, since: int | None = None) -> dict[str, str]:
+        """Before a start of the workers: a fresh generation dir, the restore candidates, mem-restore.json.
+        ``since``: the etcd revision the round counted its members at (``plan.restart_plan``)."""
         self._running().discard_pending()
         with self._lock:
             generation, own = self.node_dir.new_generation()
             self.node_dir.clear_restore()
             try:  # one key read here, the index read once for the job (plan.py)
-                plan = restart_plan(self.index, self.node_id, set(alive))
+                plan = restart_plan(self.index, self.node_id, set(alive), since=since)
             except StoreError as exc:
                 log.warning("memory tier: cannot read the index (%s); no memory checkpoint for this start", exc)
                 plan = Plan([], None)
