@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from common import ROOT, table
+from restart_scale_cpu import model_rows
 from restart_scale_fit import fit, picture
 from restart_scale_group import measure
 
@@ -55,7 +56,7 @@ def run(sizes: list[int], vote: str, per_process: int, lease_ttl: float, kills: 
             tempfile.TemporaryDirectory(prefix="eft-restart-mem-", dir=shm) as mem:
         for n in sizes:
             r = measure(n, etcd.endpoint, Path(work) / str(n), Path(mem), vote, per_process, lease_ttl,
-                        kills=kills, during=during)
+                        kills=kills, during=during, etcd_pid=etcd.pid)
             rows.append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "ranks"}), flush=True)
     return rows
@@ -85,15 +86,32 @@ def report(rows: list[dict], modelled: list[int], svg: str | None, vote: str) ->
     print(table(headers, lines))
     print("memory prepare (inside spawn), slowest node: " + ", ".join(
         f"N={r['nodes']} {r['memory_prepare_s']:.3f} s" for r in ok))
+    if all("etcd" in r for r in ok):
+        print("asked of etcd over the restart, per survivor (its /metrics): " + "; ".join(
+            f"N={r['nodes']} " + ", ".join(f"{k} {v / r['survivors']:.1f}" for k, v in r["etcd"].items())
+            for r in ok))
     print("every survivor's first step at the new world size: " + ", ".join(
         f"N={r['nodes']} {r['all_first_steps'] and r['worlds'] == [r['survivors']]}" for r in ok))
+    cluster = None
+    if all("cpu" in r for r in ok):
+        headers, lines, cluster = model_rows(ok, beyond, os.cpu_count() or 1)
+        print()
+        print("the same restart with one host per node (restart_scale_cpu.py: latency at the smallest N + "
+              "one node's CPU + etcd's CPU, each measured per N, fitted beyond), seconds")
+        print(table(headers, lines))
     at = 1024
     for phase, limit in TARGETS.items():
         f = fits[phase]
         where = "measured" if at in sizes else "modelled"
         value = series[phase][sizes.index(at)] if at in sizes else f.at(at)
-        print(f"target: {phase} at N={at} <= {limit:g} s: {value:.2f} s ({where}) -> "
-              f"{'met' if value <= limit else 'NOT met'}")
+        print(f"target: {phase} at N={at} <= {limit:g} s: here {value:.2f} s ({where}) -> "
+              f"{'met' if value <= limit else 'NOT met'}", end="")
+        if cluster:
+            on_cluster = (cluster["total"] if phase == "total" else cluster["phases"][phase]).get(at)
+            if on_cluster is not None:
+                print(f"; one host per node {on_cluster:.2f} s (modelled) -> "
+                      f"{'met' if on_cluster <= limit else 'NOT met'}", end="")
+        print()
     superlinear = [p for p, f in fits.items() if f.exponent > 1.1 and series[p][-1] > 0.05]
     print("phases growing faster than N (exponent > 1.1, above 50 ms): " + (", ".join(superlinear) or "none"))
     if svg:
@@ -102,11 +120,18 @@ def report(rows: list[dict], modelled: list[int], svg: str | None, vote: str) ->
         print(f"picture: {svg}")
     return {"vote": vote, "lease_ttl_s": ok[0]["lease_ttl"], "phases": PHASES,
             "measured": [{"nodes": r["nodes"], "total_s": round(r["total_s"], 4),
-                          "phases": {p: round(v, 4) for p, v in r["phases"].items()}} for r in ok],
+                          "phases": {p: round(v, 4) for p, v in r["phases"].items()},
+                          "cpu": {p: {g: round(v, 3) for g, v in c.items()} for p, c in r.get("cpu", {}).items()}}
+                         for r in ok],
             "modelled": [{"nodes": n, "total_s": round(fits["total"].at(n), 4),
                           "phases": {p: round(fits[p].at(n), 4) for p in PHASES}} for n in beyond],
             "growth": {p: {"model": f.model, "exponent": round(f.exponent, 3), "named": f.growth}
-                       for p, f in fits.items()}}
+                       for p, f in fits.items()},
+            "one_host_per_node": None if cluster is None else {
+                "measured_at": sizes, "nodes": sorted(cluster["total"]),
+                "total_s": {n: round(v, 4) for n, v in cluster["total"].items()},
+                "phases": {p: {n: round(v, 4) for n, v in values.items()} for p, values in cluster["phases"].items()},
+                "growth": {p: {"one node's CPU": g[0], "etcd's CPU": g[1]} for p, g in cluster["growth"].items()}}}
 
 
 CURVE_MODULE = '''"""A restart's control path at the node counts bench/restart_scale.py measured: written by its
@@ -129,19 +154,25 @@ def measured_curve() -> RestartCurve:
 
 
 def write_curve(path: Path, result: dict) -> None:
-    """``result`` (``report``'s) as the module ``eft simulate`` reads."""
+    """``result`` (``report``'s) as the module ``eft simulate`` reads: the restart with one host per
+    node (``restart_scale_cpu.py``), not this host's, whose cores every node shares; without CPU
+    figures, the measured phases (an upper bound)."""
     import datetime
 
     when = datetime.date.today().isoformat()
-    measured = result["measured"]
-    phases = "\n".join(f"    {p!r}: {tuple(r['phases'].get(p, 0.0) for r in measured)!r},"
-                       for p in result["phases"] if p != "detection")
-    # Every node's agent and worker share this host's cores: past a few nodes a phase is the CPU of
-    # all N nodes' per-node work, which on a cluster runs in parallel. So the curve is an upper bound.
-    source = (f"bench/restart_scale.py {when}: all N nodes on one {os.cpu_count()}-core host, an upper "
-              f"bound of a cluster's")
-    path.write_text(CURVE_MODULE.format(when=when, source=source, nodes=tuple(r["nodes"] for r in measured),
-                                        phases=phases))
+    cluster = result.get("one_host_per_node")
+    if cluster:
+        nodes = tuple(cluster["measured_at"])  # past them, restart_curve.py's own fits: marked modelled
+        values = {p: tuple(cluster["phases"][p][n] for n in nodes) for p in result["phases"]}
+        source = (f"bench/restart_scale.py {when}: one host per node, from per-unit costs measured on a "
+                  f"{os.cpu_count()}-core host (latency, one node's CPU, etcd's CPU)")
+    else:
+        nodes = tuple(r["nodes"] for r in result["measured"])
+        values = {p: tuple(r["phases"].get(p, 0.0) for r in result["measured"]) for p in result["phases"]}
+        source = (f"bench/restart_scale.py {when}: all N nodes on one {os.cpu_count()}-core host, an upper "
+                  f"bound of a cluster's")
+    phases = "\n".join(f"    {p!r}: {v!r}," for p, v in values.items() if p != "detection")
+    path.write_text(CURVE_MODULE.format(when=when, source=source, nodes=nodes, phases=phases))
     print(f"eft simulate's curve: {path}")
 
 

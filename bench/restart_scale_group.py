@@ -133,10 +133,12 @@ def _group(indices, n, survivors, endpoint, run_id, work, mem_root, lease_ttl, s
 
 def measure(n: int, endpoint: str, work: Path, mem_root: Path, vote: str = "lazy", per_process: int = 128,
             lease_ttl: float = 3.0, step_time: float = 0.2, cap: float = 300.0, kills: int = 1,
-            during: bool = False) -> dict:
-    """One restart at ``n`` nodes: the phases (seconds), the total, and each survivor's new rank.
+            during: bool = False, etcd_pid: int | None = None) -> dict:
+    """One restart at ``n`` nodes: the phases (seconds), the total, each survivor's new rank, and
+    the CPU seconds etcd (``etcd_pid``) and the nodes' processes spent in each phase (``cpu``).
     ``kills`` nodes die at once; ``during``: one more dies once the survivors have stopped their
     workers (inside the restart), so the restart runs again before the job trains on."""
+    from restart_scale_cpu import CpuSampler, etcd_counts
     from restart_scale_node import node_name
 
     run_id = uuid.uuid4().hex
@@ -183,6 +185,8 @@ def measure(n: int, endpoint: str, work: Path, mem_root: Path, vote: str = "lazy
         if not all(ask("start")):
             raise RuntimeError("a worker took no first step in round 0")
         result["first_start_s"] = time.time() - formed
+        sampler = CpuSampler({"etcd": [etcd_pid] if etcd_pid else [], "nodes": [c.pid for c in children]}).start()
+        asked = etcd_counts(endpoint)
         beats = [ask("kill", victim, only=victim // size)[0] for victim in victims[:kills]]
         if during:
             _await_a_stop(client, keys, min(beats))
@@ -190,8 +194,11 @@ def measure(n: int, endpoint: str, work: Path, mem_root: Path, vote: str = "lazy
         settled = {}
         for part in ask("wait", cap):
             settled.update(part)
+        sampler.stop()
+        result["etcd"] = {k: v - asked[k] for k, v in etcd_counts(endpoint).items()}
         ask("finish")
         result.update(spans(client, keys, min(beats), settled, survivors), kills=kills, during=during)
+        result["cpu"] = sampler.per_phase(min(beats), result["phases"])
     except Exception as exc:  # noqa: BLE001 - a row of the table
         result["error"] = str(exc)[:200]
         for commands, _ in channels:

@@ -5,17 +5,17 @@ job's size (``restart_curve.py``); detection, the lease's expiry, is its own cos
 
 from elasticft.goodput.restart_curve import RestartCurve
 
-SOURCE = "bench/restart_scale.py 2026-11-28: all N nodes on one 2-core host, an upper bound of a cluster's"
-NODES = (8, 32, 128, 256)
+SOURCE = "bench/restart_scale.py 2026-11-28: one host per node, from per-unit costs measured on a 2-core host (latency, one node's CPU, etcd's CPU)"
+NODES = (8, 32, 64, 128, 256)
 PHASES = {
-    'stop': (0.0196, 0.0857, 0.4592, 1.379),
-    'rendezvous': (0.0463, 0.141, 0.6325, 0.8371),
-    'replan': (0.0491, 0.1951, 0.5227, 1.3293),
-    'spawn': (0.056, 0.3198, 3.6043, 13.5953),
-    'imports': (0.0006, 0.0004, 0.0012, 0.0037),
-    'process_group': (0.0004, 0.0021, 0.0006, 0.0008),
-    'load': (0.004, 0.0235, 0.1441, 0.3595),
-    'first_step': (0.002, 0.0118, 0.1237, 0.3345),
+    'stop': (0.0185, 0.063, 0.1028, 0.3053, 0.6018),
+    'rendezvous': (0.0374, 0.0856, 0.0841, 0.2313, 0.3759),
+    'replan': (0.1096, 0.1534, 0.2491, 0.3267, 0.5476),
+    'spawn': (0.0496, 0.0824, 0.182, 0.3397, 2.2763),
+    'imports': (0.0003, 0.0003, 0.0002, 0.0002, 0.0002),
+    'process_group': (0.0004, 0.0003, 0.0003, 0.0003, 0.0003),
+    'load': (0.0047, 0.0043, 0.0046, 0.0047, 0.0155),
+    'first_step': (0.0022, 0.0021, 0.0023, 0.0025, 0.0133),
 }
 
 
