@@ -143,3 +143,42 @@ def test_a_busy_etcd_is_waited_for_and_a_frozen_one_is_one_line_after_etcd_timeo
         assert "request: none" in out
     assert silent.returncode == 2
     assert silent.stderr.splitlines() == [f"eft ckpt: etcd at {server.endpoint} is unreachable"]
+
+
+AGENT = ("import sys\nfrom elasticft.contract.local_runs import LocalRuns\n"
+         "LocalRuns(sys.argv[1]).register(*sys.argv[2:5])\nprint(flush=True)\nsys.stdin.read()")
+
+
+def test_two_agents_of_one_run_on_this_host_are_one_run_and_run_id_alone_reaches_it(tmp_path, etcd_server):
+    """Two eft-run of one run on one host (the README's demo, two launchers a node) each note the
+    run: the commands reach it with no flag and with --run-id alone; beside a second run, each run
+    is listed once, with its agents, in one line."""
+    runs_dir = tmp_path / "runs"
+    notes = [("demo", etcd_server.endpoint, "/eft"), ("demo", etcd_server.endpoint, "/eft")]
+    agents = []
+
+    def note(run_id, endpoint, prefix):  # a launcher's note, from a process that stays alive
+        agent = subprocess.Popen([sys.executable, "-c", AGENT, str(runs_dir), run_id, endpoint, prefix],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        agents.append(agent)
+        agent.stdout.readline()
+
+    try:
+        for n in notes:
+            note(*n)
+        for where in ((), ("--run-id", "demo")):
+            for command in (("ckpt", "status"), ("metrics", "targets")):
+                reached = eft(*command, *where, runs_dir=runs_dir)
+                assert reached.returncode == 0, (command, where, reached.stderr)
+            # no agent in etcd here: status says it looked at the run's own etcd
+            assert f"no run 'demo' under /eft/demo/ at {etcd_server.endpoint}" in eft(
+                "status", *where, runs_dir=runs_dir).stderr
+        note("other", "127.0.0.1:1", "/eft")
+        both = eft("status", runs_dir=runs_dir)
+        assert both.returncode == 2 and both.stderr.count("\n") == 1, both.stderr
+        assert both.stderr.count("demo (") == 1 and "2 agents" in both.stderr and "other (" in both.stderr
+        assert eft("ckpt", "status", "--run-id", "demo", runs_dir=runs_dir).returncode == 0
+    finally:
+        for agent in agents:
+            agent.kill()
+            agent.wait()

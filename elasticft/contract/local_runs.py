@@ -51,10 +51,6 @@ class LocalRun:
     def alive(self) -> bool:
         return process_start(self.pid) == self.started
 
-    def describe(self) -> str:
-        job = f", SLURM job {self.slurm_job}" if self.slurm_job else ""
-        return f"{self.run_id} (etcd {self.endpoint}{job}, eft-run pid {self.pid})"
-
 
 class LocalRuns:
     """The runs directory of this user on this host."""
