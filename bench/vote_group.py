@@ -35,7 +35,7 @@ from common import table
 from elasticft import torch_seam  # noqa: F401 - imported ahead, as eft's Megatron workers have it (attach.py)
 from elasticft.store import free_port
 from elasticft.worker.tree_max import tree_max_
-from elasticft.worker.vote import CADENCE
+from elasticft.worker.vote import DECISION_WIDTH
 from elasticft.worker.vote_group import vote_group
 
 GROUPS = {"eager (before)": lambda: dist.new_group(backend="gloo"), "lazy": vote_group}
@@ -55,7 +55,7 @@ def _rank(rank: int, world: int, port: int, repeats: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    vote = torch.zeros(CADENCE + 1, dtype=torch.int64)
+    vote = torch.zeros(DECISION_WIDTH + 1, dtype=torch.int64)
     mine: dict[str, list] = {name: [] for name in GROUPS}
     for repeat in range(repeats + 1):  # the first round warms the process up (gloo's first group), uncounted
         for name, make in GROUPS.items():

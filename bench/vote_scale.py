@@ -35,10 +35,10 @@ from elasticft.worker.cadence import votes_every
 from elasticft.worker.memory import MemoryCheckpoints
 from elasticft.worker.numerics import NumericsGuard
 from elasticft.worker.tree_max import tree_max_
-from elasticft.worker.vote import CADENCE
+from elasticft.worker.vote import DECISION_WIDTH
 
 # The vote's width with every ballot on: the save slots, the numbers check, memory, async saves.
-VOTE_WIDTH = CADENCE + 1 + NumericsGuard.width + MemoryCheckpoints.width + AsyncSaves.width
+VOTE_WIDTH = DECISION_WIDTH + 1 + NumericsGuard.width + MemoryCheckpoints.width + AsyncSaves.width
 MODEL_RANKS = 16_384
 BUDGET = 0.01  # --eft-vote-budget's default
 

@@ -61,7 +61,8 @@ def _rank_main(rank: int, gen: Generation) -> None:
     from elasticft.worker import Hook
 
     hook = Hook(save_interval=gen.save_interval)
-    result = {"rollback": None, "skipped": [], "stepped": []}
+    result = {"rollback": None, "skipped": [], "stepped": [], "ballot": None}
+    hook.add_ballot(_Recorder(result))
     iteration = gen.first
     while iteration < gen.last:
         if hook.skips(iteration + 1):
@@ -80,6 +81,24 @@ def _rank_main(rank: int, gen: Generation) -> None:
             break
     (gen.root / f"gen{gen.number}-rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
+
+
+class _Recorder:
+    """A ballot (the memory tier's, an async save's) that votes the iteration: what it was told last."""
+
+    width = 1
+
+    def __init__(self, result: dict):
+        self.result = result
+
+    def needs_vote(self, iteration: int) -> bool:
+        return False
+
+    def mine(self, iteration: int) -> list[int]:
+        return [iteration]
+
+    def settle(self, agreed: list[int]) -> None:
+        self.result["ballot"] = agreed
 
 
 class Job:
@@ -164,6 +183,8 @@ def test_a_nan_on_one_rank_rolls_back_and_a_clean_rerun_is_a_transient_fault(tmp
     job = Job(tmp_path)
     first = job.run(0, 12, bad={(1, 6): "nan"})
     assert first["rollback"] == 6 and first["stepped"] == list(range(1, 7))
+    # the other parts of the rollback's vote learnt what it agreed (an async save's, a snapshot's)
+    assert first["ballot"] == [6]
     assert kinds(first) == ["rollback"]
     rollback = first["events"][0]
     assert (rollback["cause"], rollback["fault"], rollback["ranks"], rollback["nodes"]) == \

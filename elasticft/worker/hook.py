@@ -36,8 +36,8 @@ from elasticft.worker.signals import ExitSignals, exit_deadline, register_stack_
 from elasticft.worker.tree_max import group_max
 from elasticft.worker.vote_group import hook_group
 from elasticft.worker.vote import (  # noqa: F401 - Action and friends are the hook's API too
-    CADENCE, CODE, EXIT, FILTERED, HONOURED, NO_ACTION, REASON, ROLLBACK, SAVE, SAVE_REASONS, Action, Ballot,
-    int_flag, request_hash, save_interval_from_argv, vote_device,
+    CODE, DECISION_WIDTH, EXIT, FILTERED, HONOURED, NO_ACTION, REASON, ROLLBACK, SAVE, SAVE_REASONS, Action,
+    Ballot, Layout, int_flag, request_hash, save_interval_from_argv, vote_device,
 )
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ class Hook:
     def _ballot(self, iteration: int, numbers: list[int]) -> Action:
         """The vote at ``iteration``, with this rank's numbers check slots ``numbers``."""
         self._unvoted = None
-        slots = [0, 0, 0, 0, 0, self._cadence.proposal(), *numbers]  # this rank's ballot (vote.py's slots)
+        slots = [0] * DECISION_WIDTH  # this rank's decision slots (vote.py); the parts follow them
         request, self._held = self._held, None
         if request is not None:
             self._want_request(slots, request, iteration)
@@ -174,23 +174,20 @@ class Hook:
             self._want(slots, "exit_duration", exit=True)
         if self._slurm_deadline is not None and time.time() >= self._slurm_deadline:
             self._want(slots, "deadline", exit=True)
-        for ballot in self._ballots:
-            slots += ballot.mine(iteration)
+        layout, values = self._layout(), {self._cadence: [self._cadence.proposal()], self.numerics: numbers}
+        values.update((ballot, ballot.mine(iteration)) for ballot in self._ballots)
         self.votes += 1
         started = time.perf_counter()
-        agreed = self._vote(slots)
+        agreed = self._vote(layout.join(slots, values))
+        parts = layout.cut(agreed)
         self._cadence.voted(time.perf_counter() - started)
-        self._cadence.settle(iteration, agreed[CADENCE])
-        offset = CADENCE + 1
-        if self.numerics is not None:
-            offset += self.numerics.width
-            if self.numerics.settle(iteration, agreed[CADENCE + 1:offset]):
-                self._latest = ROLLBACK  # the state is bad: no save of any kind now
-                return ROLLBACK
-        for ballot in self._ballots:
-            ballot.settle(agreed[offset:offset + ballot.width])
-            offset += ballot.width
-        self._latest = self._settle(iteration, request, slots[:FILTERED + 1], agreed[:FILTERED + 1])
+        self._cadence.settle(iteration, parts[self._cadence][0])
+        for ballot in self._ballots:  # every part learns what this vote agreed, a rollback's too
+            ballot.settle(parts[ballot])
+        if self.numerics is not None and self.numerics.settle(iteration, parts[self.numerics]):
+            self._latest = ROLLBACK  # the state is bad: no save of any kind now
+            return ROLLBACK
+        self._latest = self._settle(iteration, request, slots, agreed[:DECISION_WIDTH])
         if self._latest.exit:
             self.progress.stopping(self._latest.reason)  # tells the agent why the workers will exit
         if self._latest.save and not self._auto_checkpointing:
@@ -198,6 +195,15 @@ class Hook:
             self._auto_checkpointing = True
             self.progress.enter("checkpointing")
         return self._latest
+
+    def _layout(self) -> Layout:
+        """The vote's parts after the decision: the cadence, the numbers check, the ballots."""
+        layout = Layout()
+        layout.add(self._cadence, 1)
+        layout.add(self.numerics, self.numerics.width if self.numerics is not None else 0)
+        for ballot in self._ballots:
+            layout.add(ballot, ballot.width)
+        return layout
 
     def _votes_at(self, iteration: int) -> bool:
         """The same answer on every rank: the cadence's, a ballot's or the numbers check's."""

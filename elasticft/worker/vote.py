@@ -1,5 +1,7 @@
-"""The hook's vote: what each rank puts in the one all_reduce(MAX) per iteration, and
-what the job decided (``Action``).
+"""The hook's vote: what each rank puts in it, how the agreed values are cut into their
+parts (``Layout``), and what the job decided (``Action``). A vote is one MAX over the
+vote's group (``tree_max.py``: a tree of point-to-point messages), held at the iterations
+the cadence, a ballot or the numbers check asks for (``Hook._votes_at``).
 
 Requests are identified in the vote by a 63-bit hash of their id, so that a rank that
 sees a request only after the job already saved (or dropped) it does not act on it again.
@@ -26,7 +28,40 @@ SAVE_REASONS = ("request", RequestReason.RISK.value, RequestReason.WATCHDOG.valu
                 "save_switch", RequestReason.SIGNAL.value, "exit_duration", "deadline",
                 "kill_switch")
 CODE = {reason: code for code, reason in enumerate(SAVE_REASONS)}
-SAVE, EXIT, REASON, HONOURED, FILTERED, CADENCE = range(6)  # slots of the vote (CADENCE: cadence.py)
+SAVE, EXIT, REASON, HONOURED, FILTERED = range(5)  # the decision's slots, first in every vote
+DECISION_WIDTH = FILTERED + 1
+
+
+class Layout:
+    """Where each part of a vote lies: the decision's slots, then each part's ``width`` values in
+    the order added. Every rank builds the same layout (the same parts, the same widths), so the
+    agreed values cut the same way everywhere; a part reads only its own slice."""
+
+    def __init__(self):
+        self._parts: list[tuple[object, int]] = []
+        self.width = DECISION_WIDTH
+
+    def add(self, part: object, width: int) -> None:
+        self._parts.append((part, width))
+        self.width += width
+
+    def join(self, decision: list[int], values: dict[object, list[int]]) -> list[int]:
+        """This rank's vote: the decision's slots, then each part's values (``values[part]``)."""
+        joined = list(decision)
+        for part, width in self._parts:
+            mine = values[part]
+            if len(mine) != width:
+                raise ValueError(f"{part!r} voted {len(mine)} values, its width is {width}")
+            joined += mine
+        return joined
+
+    def cut(self, agreed: list[int]) -> dict[object, list[int]]:
+        """Each part's slice of the agreed values."""
+        cut, at = {}, DECISION_WIDTH
+        for part, width in self._parts:
+            cut[part] = agreed[at:at + width]
+            at += width
+        return cut
 
 
 @dataclass(frozen=True)
