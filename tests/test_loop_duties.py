@@ -1,4 +1,4 @@
-"""eft's part at a Megatron-style loop's decision point (elasticft/megatron_lm/duties.py), which
+"""eft's part at a Megatron-style loop's decision point (elasticft/worker/loop_duties.py), which
 Megatron-LM's and Megatron-Bridge's loops share: when every rank must vote now, and what a vote's
 answer does to the loop. The hook is a recorder of what the loop asked of it (the vote itself is
 tests/test_vote_cadence.py's and the hook tests')."""
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from elasticft.megatron_lm.duties import LoopDuties
+from elasticft.worker.loop_duties import LoopDuties
 from elasticft.worker.vote import Action
 
 

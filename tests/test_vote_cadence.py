@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from elasticft.contract.numerics import ROLLBACK_FILE
-from elasticft.megatron_lm.duties import LoopDuties
+from elasticft.worker.loop_duties import LoopDuties
 from elasticft.worker import Hook
 from elasticft.worker.cadence import CAP, VoteCadence
 from elasticft.worker.inject import FaultInjector
@@ -125,7 +125,7 @@ def test_a_bad_loss_held_at_the_loops_end_is_rolled_back_not_saved_by_the_loops_
     """Votes every few iterations (k > 1) and a loop that ends where the ranks did not vote (the
     last iteration unknown to eft, an exit of the loop's own): rank 1's NaN loss at iteration 11
     is held when the loop makes its own save of iteration 12. Through the save wrappers' duty
-    (megatron_lm/duties.py) every rank votes first: no save, the rollback marker, exit 0, both
+    (worker/loop_duties.py) every rank votes first: no save, the rollback marker, exit 0, both
     where the save comes after train() returned (Megatron-LM's pretrain) and where it is inside
     it (Megatron-Bridge's train, a signal's save); with good numbers the save is made."""
     outcomes = {}

@@ -18,7 +18,7 @@ one place that knows their names) with wrappers that call the originals, as
   decision runs (periodic saves, its signal handler, its exit conditions);
 * ``save_checkpoint_and_time``: before a save the loop makes on its own where the ranks did not
   vote (its final save at the loop's end, its signal handler's, ...), they vote, and a bad-numbers
-  verdict is not saved but rolled back (``duties.py``). Every save of the loop is timed as the
+  verdict is not saved but rolled back (``worker/loop_duties.py``). Every save of the loop is timed as the
   ``checkpointing`` section, marked complete (``.complete`` in the iteration's directory, once every rank has
   written) and acknowledged to the agent;
 * setup's ``_should_load_checkpoint`` and ``load_checkpoint`` (the resume, before the loop): the
@@ -30,7 +30,7 @@ After the decision, each iteration the memory tier takes its snapshot (``memory.
 runs beside the next step's forward and backward, and the step's ``optimizer.step()`` waits for it.
 
 megatron-core's pipeline schedules' ``forward_step`` and ``backward_step``, which Bridge's step
-runs, are timed as the rank's own work for straggler detection (``megatron_lm.work``), through
+runs, are timed as the rank's own work for straggler detection (``worker/step_work.py``), through
 megatron-core's seam. Under plain torchrun nothing here runs: the agent arranges it (``mode.py``).
 """
 
@@ -44,13 +44,13 @@ from pathlib import Path
 from elasticft import bridge_seam as seam
 from elasticft import megatron_seam
 from elasticft.megatron_bridge import recipe
-from elasticft.megatron_lm.duties import LoopDuties, first_rank, mark_complete
+from elasticft.worker.loop_duties import LoopDuties, first_rank, mark_complete
 
 log = logging.getLogger(__name__)
 
 
 class BridgeLoop(LoopDuties):
-    """eft's per-iteration duties (``megatron_lm/duties.py``), fed by Bridge's loop (one per worker
+    """eft's per-iteration duties (``worker/loop_duties.py``), fed by Bridge's loop (one per worker
     process). The hook is made when Bridge's setup decides whether to load a checkpoint."""
 
     def __init__(self):

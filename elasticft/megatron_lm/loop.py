@@ -17,7 +17,7 @@ wrappers that call the originals:
   (periodic saves, its signal handler, its exit conditions);
 * ``save_checkpoint_and_time``: before a save the loop makes on its own where the ranks did not
   vote (its final save after ``train``, its signal handler's, its exit duration's), they vote,
-  and a bad-numbers verdict is not saved but rolled back (``duties.py``). Every save of the loop
+  and a bad-numbers verdict is not saved but rolled back (``worker/loop_duties.py``). Every save of the loop
   is timed as the ``checkpointing`` section, marked complete as ``CheckpointDir`` marks it
   (``.complete`` in the iteration's directory, once every rank has written), and acknowledged
   to the agent;
@@ -28,10 +28,10 @@ After Megatron's decision, each iteration the memory tier takes its snapshot (``
 its copy runs beside the next step's forward and backward, and the step's ``optimizer.step()``
 (on the instance ``train`` was given) waits for it first.
 The pipeline schedules' ``forward_step`` and ``backward_step`` are timed as the rank's own
-work (``work.py``), which the vote hands to the heartbeat for straggler detection.
+work (``worker/step_work.py``), which the vote hands to the heartbeat for straggler detection.
 
 What this loop shares with Megatron-Bridge's (the vote, the step's numbers, the decision, the
-work timing) is ``duties.py``'s. Under plain torchrun nothing here runs: the agent arranges it
+work timing) is ``worker/loop_duties.py``'s. Under plain torchrun nothing here runs: the agent arranges it
 (``attach.py``).
 """
 
@@ -43,13 +43,13 @@ import time
 from pathlib import Path
 
 from elasticft import megatron_seam as seam
-from elasticft.megatron_lm.duties import LoopDuties, first_rank, mark_complete
+from elasticft.worker.loop_duties import LoopDuties, first_rank, mark_complete
 
 log = logging.getLogger(__name__)
 
 
 class MegatronLoop(LoopDuties):
-    """eft's per-iteration duties (``duties.py``), fed by Megatron-LM's loop (one per worker process).
+    """eft's per-iteration duties (``worker/loop_duties.py``), fed by Megatron-LM's loop (one per worker process).
     The hook is made at the resume, or at train()'s start without --load."""
 
     def attach(self) -> "MegatronLoop":

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from elasticft.contract.checkpoints import COMPLETE_MARKER
 from elasticft.contract.run_dir import write_atomically
-from elasticft.megatron_lm.work import StepWork
+from elasticft.worker.step_work import StepWork
 
 log = logging.getLogger(__name__)
 
