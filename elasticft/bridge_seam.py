@@ -23,29 +23,15 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import inspect
-from dataclasses import dataclass
 from typing import Callable
 
 import elasticft.versions as versions
+from elasticft.seam_sites import Site, Swaps, function, missing
 
 TRAIN = "megatron.bridge.training.train"
 PRETRAIN = "megatron.bridge.training.pretrain"
 CHECKPOINTING = "megatron.bridge.training.checkpointing"
 SETUP = "megatron.bridge.training.setup"
-
-
-@dataclass(frozen=True)
-class Site:
-    """A module-level function of Bridge's that eft wraps or calls."""
-
-    module: str
-    name: str
-    params: tuple[str, ...] = ()  # parameters eft's wrapper reads by name, or passes
-    imported_by: tuple[str, ...] = ()  # modules that hold the function under the same name (from-imports)
-
-    def __str__(self) -> str:
-        return f"{self.module}.{self.name}"
 
 
 SITES = {
@@ -134,29 +120,18 @@ class BridgeSeamError(versions.SeamError):
     """The installed Megatron-Bridge no longer has a name or parameter eft relies on."""
 
 
+_swaps = Swaps(SITES, BridgeSeamError, "elasticft/bridge_seam.py")
+
+
 def installed_version() -> str | None:
     """Megatron-Bridge's version without importing it (None: not installed)."""
     return versions.installed(versions.MEGATRON_BRIDGE)
 
 
-def function(site: Site) -> Callable:
-    """The function at ``site`` now (the wrapper, once replaced)."""
-    return getattr(importlib.import_module(site.module), site.name)
-
-
 def problems() -> list[str]:
-    """What the installed Bridge lacks of the sites and fields eft uses (empty: all there)."""
-    found = []
-    for site in (*SITES.values(), *CALLED):
-        try:
-            target = function(site)
-        except (ImportError, AttributeError) as exc:
-            found.append(f"{site}: {exc}")
-            continue
-        params = inspect.signature(inspect.unwrap(target)).parameters
-        missing = [p for p in site.params if p not in params]
-        if missing:
-            found.append(f"{site}: no parameter {', '.join(missing)}")
+    """What the installed Bridge lacks of the sites and fields eft uses (empty: all there); a module
+    that imported a site's function by name and now holds another is one (``seam_sites.missing``)."""
+    found = missing((*SITES.values(), *CALLED))
     try:
         config = importlib.import_module("megatron.bridge.training.config")
         for dotted in CONFIG_FIELDS:
@@ -177,26 +152,14 @@ def problems() -> list[str]:
 
 def replace(name: str, make: Callable[[Callable], Callable]) -> Callable:
     """Swap the function of ``SITES[name]`` for ``make(original)`` in its module and in every
-    module that imported it by name; the original. Wrappers keep ``__wrapped__``."""
-    site = SITES[name]
-    module = importlib.import_module(site.module)
-    original = getattr(module, site.name, None)
-    if original is None:
-        raise BridgeSeamError(f"{site} is gone; eft's Bridge seam (elasticft/bridge_seam.py) needs updating")
-    _signatures[name] = inspect.signature(original)
-    wrapper = make(original)
-    wrapper.__wrapped__ = original
-    setattr(module, site.name, wrapper)
-    for other in site.imported_by:
-        holder = importlib.import_module(other)
-        if getattr(holder, site.name, None) is original:
-            setattr(holder, site.name, wrapper)
-    return original
+    module that imported it by name; the original. A module that holds another function under
+    that name is ``BridgeSeamError`` naming it, not a wrapper some callers go round."""
+    return _swaps.replace(name, make)
 
 
 def bound(name: str, args: tuple, kwargs: dict) -> dict:
     """A call of ``SITES[name]``'s original, its arguments by parameter name."""
-    return dict(_signatures[name].bind_partial(*args, **kwargs).arguments)
+    return _swaps.bound(name, args, kwargs)
 
 
 def get(obj, dotted: str):
@@ -225,6 +188,3 @@ def overridden(config, values: dict[str, object]):
     finally:
         for dotted, value in saved.items():
             put(config, dotted, value)
-
-
-_signatures: dict[str, inspect.Signature] = {}  # the originals' signatures, by site name

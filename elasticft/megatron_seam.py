@@ -27,38 +27,20 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import inspect
-from dataclasses import dataclass
 from typing import Callable
 
 import elasticft.versions as versions
+from elasticft.seam_sites import Minor, Site, Swaps, function, missing
+from elasticft.versions import Support
 
 # megatron-core minor releases whose megatron.training eft's Megatron-LM mode was tested with
 # (the wheel ships megatron.training from 0.17 on); oldest first: versions.MEGATRON_CORE's range.
 TESTED_MINORS = tuple((versions.MEGATRON_CORE.oldest[0], minor) for minor in
                       range(versions.MEGATRON_CORE.oldest[1], versions.MEGATRON_CORE.newest[1] + 1))
-Minor = tuple[int, int]
 
 TRAINING = "megatron.training.training"
 DATASET_UTILS = "megatron.core.datasets.utils"
 SCHEDULES = "megatron.core.pipeline_parallel.schedules"
-
-
-@dataclass(frozen=True)
-class Site:
-    """A module-level function of Megatron's that eft wraps or calls."""
-
-    module: str
-    name: str
-    params: tuple[str, ...] = ()  # parameters eft's wrapper reads by name, or passes, in every tested minor
-    since: tuple[tuple[Minor, tuple[str, ...]], ...] = ()  # (the minor, the parameters eft relies on from it on)
-
-    def __str__(self) -> str:
-        return f"{self.module}.{self.name}"
-
-    def params_in(self, minor: Minor) -> tuple[str, ...]:
-        """The parameters eft relies on in megatron-core ``minor``."""
-        return self.params + tuple(p for first, added in self.since if minor >= first for p in added)
 
 
 SITES = {
@@ -86,6 +68,13 @@ SITES = {
     # Rank 0 runs `make` for the dataset helper even when the wheel ships it compiled.
     "compile_helpers": Site(DATASET_UTILS, "compile_helpers"),
 }
+
+
+class MegatronSeamError(versions.SeamError):
+    """The installed Megatron no longer has a name or parameter eft relies on."""
+
+
+_swaps = Swaps(SITES, MegatronSeamError, "elasticft/megatron_seam.py")
 
 # The update: train_step calls ``step()`` on the optimizer it is given, the one train() was
 # given. The memory tier wraps that instance's ``step`` (megatron_lm/memory.py): the update
@@ -172,8 +161,6 @@ def rerun_idle_after_resume(resumed: bool) -> str | None:
     return was
 
 
-class MegatronSeamError(versions.SeamError):
-    """The installed Megatron no longer has a name or parameter eft relies on."""
 
 
 def installed_version() -> str | None:
@@ -196,24 +183,25 @@ def installed_minor() -> Minor:
     return minor_of(installed_version()) or TESTED_MINORS[-1]
 
 
-def version_status(version: str | None) -> tuple[str, str]:
-    """What eft makes of the installed megatron-core, ``version``: ``("ok", ...)`` for a tested
-    minor; ``("untested", why)`` for a newer minor whose Megatron has every site eft relies on
-    (looking imports Megatron: ``problems``); ``("unsupported", why)`` for anything else."""
+def version_status(version: str | None) -> tuple[Support, str]:
+    """What eft makes of the installed megatron-core, ``version``, in the words of every version
+    verdict (``versions.Support``): tested for a tested minor; untested for a newer minor whose
+    Megatron has every site eft relies on (looking imports Megatron: ``problems``); unsupported
+    for anything else."""
     tested = ", ".join(f"{a}.{b}.x" for a, b in TESTED_MINORS)
     minor = minor_of(version)
     if version is None:
-        return "unsupported", f"megatron-core is not installed (eft's Megatron-LM mode was tested with {tested})"
+        return Support.UNSUPPORTED, f"megatron-core is not installed (eft's Megatron-LM mode was tested with {tested})"
     if minor in TESTED_MINORS:
-        return "ok", f"megatron-core {version} is one eft's Megatron-LM mode was tested with ({tested})"
+        return Support.TESTED, f"megatron-core {version} is one eft's Megatron-LM mode was tested with ({tested})"
     if minor is None or minor < TESTED_MINORS[-1]:
-        return "unsupported", (f"megatron-core {version} is outside the range eft's Megatron-LM mode was tested "
+        return Support.UNSUPPORTED, (f"megatron-core {version} is outside the range eft's Megatron-LM mode was tested "
                                f"with ({tested})")
     missing = problems(minor)
     if missing:
-        return "unsupported", (f"megatron-core {version} is newer than eft's Megatron-LM mode was tested with "
+        return Support.UNSUPPORTED, (f"megatron-core {version} is newer than eft's Megatron-LM mode was tested with "
                                f"({tested}) and lacks what eft relies on: {'; '.join(missing)}")
-    return "untested", (f"megatron-core {version} is newer than eft's Megatron-LM mode was tested with ({tested}); "
+    return Support.UNTESTED, (f"megatron-core {version} is newer than eft's Megatron-LM mode was tested with ({tested}); "
                         f"every site eft relies on is there")
 
 
@@ -221,30 +209,13 @@ def version_problem(version: str | None) -> str | None:
     """Why eft cannot enter this megatron-core's training loop, or None when it can
     (a tested minor, or a newer one with every site there: ``version_status``)."""
     status, why = version_status(version)
-    return why if status == "unsupported" else None
-
-
-def function(site: Site) -> Callable:
-    """The function at ``site`` now (the wrapper, once replaced)."""
-    return getattr(importlib.import_module(site.module), site.name)
+    return why if status is Support.UNSUPPORTED else None
 
 
 def problems(minor: Minor | None = None) -> list[str]:
     """What the installed Megatron lacks of the sites eft uses as it uses them in ``minor``
     (default: the installed minor) (empty: all there)."""
-    minor = minor or installed_minor()
-    found = []
-    for site in (*SITES.values(), *CALLED):
-        try:
-            target = function(site)
-        except (ImportError, AttributeError) as exc:
-            found.append(f"{site}: {exc}")
-            continue
-        params = inspect.signature(inspect.unwrap(target)).parameters
-        missing = [p for p in site.params_in(minor) if p not in params]
-        if missing:
-            found.append(f"{site}: no parameter {', '.join(missing)}")
-    return found
+    return missing((*SITES.values(), *CALLED), minor or installed_minor())
 
 
 def save_keywords(model) -> dict:
@@ -276,18 +247,8 @@ def replace(name: str, make: Callable[[Callable], Callable]) -> Callable:
 
     Megatron's loop calls these functions through their module's globals (and
     ``ft_integration.X`` through the module), so replacing the module attribute reaches
-    every call site. Wrappers keep ``__wrapped__``: a second replace wraps the first.
-    """
-    site = SITES[name]
-    module = importlib.import_module(site.module)
-    original = getattr(module, site.name, None)
-    if original is None:
-        raise MegatronSeamError(f"{site} is gone; eft's Megatron seam (elasticft/megatron_seam.py) needs updating")
-    _signatures[name] = inspect.signature(original)
-    wrapper = make(original)
-    wrapper.__wrapped__ = original
-    setattr(module, site.name, wrapper)
-    return original
+    every call site (``seam_sites.Swaps.replace``)."""
+    return _swaps.replace(name, make)
 
 
 @contextlib.contextmanager
@@ -305,7 +266,7 @@ def swapped(site: Site, replacement: Callable):
 def bound(name: str, args: tuple, kwargs: dict) -> dict:
     """A call of ``SITES[name]``'s original, its arguments by parameter name (Megatron
     passes some by position, some by keyword)."""
-    return dict(_signatures[name].bind_partial(*args, **kwargs).arguments)
+    return _swaps.bound(name, args, kwargs)
 
 
 def rewind_scheduler(scheduler) -> None:
@@ -324,4 +285,3 @@ def rewind_scheduler(scheduler) -> None:
 
 
 SCHEDULER_STEPS = "num_steps"  # OptimizerParamScheduler's count, which its load_state_dict adds to
-_signatures: dict[str, inspect.Signature] = {}  # the originals' signatures, by site name

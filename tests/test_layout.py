@@ -33,6 +33,8 @@ FORBIDDEN = {
     "elasticft.bridge_seam": ("elasticft.", "launcher"),
     # the versions eft runs with, read before torch is imported: the standard library only
     "elasticft.versions": ("elasticft.", "launcher"),
+    # how both Megatron seams name, check and replace a call site: the standard library only
+    "elasticft.seam_sites": ("elasticft.", "launcher"),
     # inside a Megatron-LM worker: the worker's side of eft, Megatron's seam, the contract
     "elasticft.megatron_lm": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
                               "elasticft.health", "elasticft.store", "elasticft.memckpt",
@@ -67,8 +69,9 @@ FORBIDDEN = {
 # floor: everything stands on it, so it stands on nothing of eft's.
 CONTRACT_ALLOWED = ("elasticft.contract",)
 # Beneath every floor but the contract: the versions eft runs with (elasticft/versions.py, the
-# standard library only), which the seams judge the installed libraries by.
-GROUND = ("elasticft.versions",)
+# standard library only), which the seams judge the installed libraries by, and the seams'
+# shared mechanism (elasticft/seam_sites.py, the standard library only).
+GROUND = ("elasticft.versions", "elasticft.seam_sites")
 
 
 def module_name(path: Path) -> str:

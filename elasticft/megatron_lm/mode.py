@@ -22,6 +22,7 @@ from pathlib import Path
 
 from elasticft import megatron_seam as seam
 from elasticft.config import ConfigError, flag_name
+from elasticft.versions import Support
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +47,9 @@ def worker_environment(mode: str, script: str, script_args: list[str], module: b
                               f"(megatron.training.pretrain), use {flag} off for a script with its own")
         return {}
     status, why = seam.version_status(seam.installed_version())
-    if status == "unsupported":
+    if status is Support.UNSUPPORTED:
         raise ConfigError(f"{flag}: {why}; use {flag} off to run {script} without eft in its loop")
-    if status == "untested":  # runs: every call site eft relies on is there (megatron_seam.problems)
+    if status is Support.UNTESTED:  # runs: every call site eft relies on is there (megatron_seam.problems)
         log.warning("%s: %s: running it untested", flag, why)
     log.info("%s imports %s: eft attaches to Megatron-LM's loop (%s off: not)", script, TARGET, flag)
     path = os.pathsep.join(filter(None, [str(BOOT_DIR), os.environ.get("PYTHONPATH", "")]))

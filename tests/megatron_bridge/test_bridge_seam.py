@@ -66,6 +66,23 @@ def test_a_replaced_function_reaches_the_modules_that_imported_it_by_name():
         train_module.train = pretrain_module.train = original
 
 
+def test_a_module_whose_imported_name_moved_is_named_at_launch_and_never_wrapped_half_way():
+    """pretrain.py imports ``train`` by name: if it holds another function (Bridge moved it, or
+    something else wrapped it), the launch check says so in one line and replace() refuses,
+    where it used to wrap train.py's alone and leave eft outside the loop without a word."""
+    pretrain_module = importlib.import_module(seam.PRETRAIN)
+    original = pretrain_module.train
+    pretrain_module.train = lambda *a, **k: original(*a, **k)
+    try:
+        assert [p for p in seam.problems() if "pretrain.train" in p] == [
+            f"{seam.PRETRAIN}.train is no longer {seam.SITES['train']}: its callers would go round eft"]
+        with pytest.raises(seam.BridgeSeamError, match="pretrain.train is no longer"):
+            seam.replace("train", lambda f: f)
+        assert importlib.import_module(seam.TRAIN).train is original  # nothing wrapped
+    finally:
+        pretrain_module.train = original
+
+
 def test_the_transformer_engine_stand_in_is_gone_after_bridge_imported():
     """The CPU emulation answers one import of TE (Bridge's LoRA layers) and no other."""
     import megatron.bridge.training.pretrain  # noqa: F401
