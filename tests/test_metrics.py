@@ -109,7 +109,7 @@ def test_events_count_and_a_restart_is_timed_phase_by_phase_at_its_first_step(no
     assert value(samples, "eft_restarts_total", reason="hang") == 1
     assert value(samples, "eft_checkpoint_saves_total", kind="emergency") == 1
     assert value(samples, "eft_checkpoint_save_seconds_bucket", le="5.0") == 1
-    assert value(samples, "eft_iteration", rank=0) == 14
+    assert value(samples, "eft_iteration", local_rank=0) == 14
     assert value(samples, "eft_save_stall_seconds_sum", tier="disk") == 1.5
     assert [value(samples, "eft_save_stall_seconds_bucket", tier="disk", le=le) for le in ("1.0", "2.5", "+Inf")] \
         == [0, 1, 1]
@@ -140,6 +140,22 @@ def test_a_scrape_while_workers_restart_neither_loses_the_restart_nor_counts_a_s
     samples = scrape(service.address)
     assert value(samples, "eft_restart_seconds_count") == 1
     assert value(samples, "eft_save_stall_seconds_count", tier="memory") == 1
+
+
+def test_a_rank_keeps_its_series_across_a_re_plan(node):
+    """A re-plan gives the node's workers other global ranks: a dashboard's line goes on, not a new series each time."""
+    ctx, _, stops, service = node
+    series: dict[str, set] = {"eft_iteration": set(), "eft_heartbeat_age_seconds": set()}
+    for global_rank, iteration in ((4, 7), (2, 8)):  # local rank 0, before and after the re-plan
+        stops.started()
+        writer = ProgressWriter(ctx.run_dir, rank=global_rank, local_rank=0)
+        writer.step(iteration)
+        writer.write()
+        samples = scrape(service.address)
+        for name, seen in series.items():
+            seen |= {tuple(sorted(labels.items())) for labels, _ in samples[name]}
+    assert value(samples, "eft_iteration", local_rank=0) == 8
+    assert all(len(seen) == 1 for seen in series.values()), series
 
 
 def test_a_port_in_use_is_one_line_and_the_agent_runs_on(node, caplog):

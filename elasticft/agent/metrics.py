@@ -139,7 +139,7 @@ class MetricsService:
     def _heartbeats(self, readings: Readings, stops: StopRecorder) -> None:
         beats = read_progress(stops.run_dir)
         for local_rank, beat in sorted(beats.items()):
-            readings.ranks.append(RankReading(beat.rank, beat.iteration, beat.time))
+            readings.ranks.append(RankReading(local_rank, beat.iteration, beat.time))
         lowest = beats.get(0)
         if lowest is not None and lowest.started == self.board.stopped_started:
             lowest = None  # the stopped generation's heartbeat: its workers_stopped counted it
