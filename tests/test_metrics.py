@@ -142,6 +142,24 @@ def test_a_scrape_while_workers_restart_neither_loses_the_restart_nor_counts_a_s
     assert value(samples, "eft_save_stall_seconds_count", tier="memory") == 1
 
 
+def test_every_restart_is_timed_at_its_first_step_scraped_or_not(node):
+    """Two restarts, each with its first step, and no scrape in between: both are in the histograms
+    (a scrape is not what observes them), the first one's once the second begins."""
+    ctx, _, stops, service = node
+    for iteration in (1, 2):
+        ctx.record(EventKind.RESTART, reason="worker_failed")
+        stops.stopped("restart")
+        stops.started()
+        writer = ProgressWriter(ctx.run_dir, rank=0, local_rank=0)
+        writer.step(iteration)
+        writer.write()
+    timed = lambda: service.board.histograms()[Metric.RESTART_SECONDS].get(())  # noqa: E731
+    wait_for(lambda: timed() is not None and timed().count == 2, 10, "both restarts timed with nobody scraping")
+    samples = scrape(service.address)
+    assert value(samples, "eft_restart_seconds_count") == 2
+    assert value(samples, "eft_restart_phase_seconds_count", phase="first_step") == 2
+
+
 def test_a_rank_keeps_its_series_across_a_re_plan(node):
     """A re-plan gives the node's workers other global ranks: a dashboard's line goes on, not a new series each time."""
     ctx, _, stops, service = node
