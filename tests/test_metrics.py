@@ -160,6 +160,33 @@ def test_every_restart_is_timed_at_its_first_step_scraped_or_not(node):
     assert value(samples, "eft_restart_phase_seconds_count", phase="first_step") == 2
 
 
+def test_the_jobs_goodput_is_exported_by_the_node_of_rank_0_alone_and_moves_with_it(agent_context):
+    """The job's figures come from one node at a time: when a re-plan moves rank 0, the old node
+    stops showing them at once and the new one shows them within seconds (not an interval later)."""
+    rank0, services = {"n0": True, "n1": False}, []
+    for name in rank0:
+        ctx = agent_context(name)
+        ctx.record(EventKind.NODE_JOINED, host="host", gpus=1)
+        stops = StopRecorder(ctx.record, ctx.run_dir)
+        stops.started()
+        writer = ProgressWriter(ctx.run_dir, rank=0 if rank0[name] else 1, local_rank=0)
+        writer.step(1)
+        writer.write()
+        service = MetricsService(MetricsConfig(metrics_port=0, metrics_host="127.0.0.1"), "127.0.0.1")  # every 60 s
+        services.append(service.connect(AgentParts(ctx, AgentServices(), None, lambda s=stops: s, lambda: 2,
+                                                   lambda: 1, lambda n=name: rank0[n])))
+    try:
+        goodput = lambda service: value(scrape(service.address), "eft_goodput_ratio")  # noqa: E731
+        wait_for(lambda: goodput(services[0]) is not None, 10, "n0's goodput")
+        assert goodput(services[1]) is None
+        rank0.update(n0=False, n1=True)  # the re-plan
+        assert goodput(services[0]) is None
+        wait_for(lambda: goodput(services[1]) is not None, 10, "the goodput from n1, the new holder of rank 0")
+    finally:
+        for service in services:
+            service.close()
+
+
 def test_a_rank_keeps_its_series_across_a_re_plan(node):
     """A re-plan gives the node's workers other global ranks: a dashboard's line goes on, not a new series each time."""
     ctx, _, stops, service = node
