@@ -18,16 +18,19 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.launch import wait_for
-from elasticft.agent.metrics import AgentParts, MetricsService
+from elasticft.agent.decide import RestartReason
+from elasticft.agent.metrics import KNOWN_LABELS, AgentParts, MetricsService
+from elasticft.agent.restart_budget import RestartBudget
 from elasticft.agent.segments import StopRecorder
 from elasticft.agent.services import AgentServices
-from elasticft.config import MetricsConfig
+from elasticft.config import MetricsConfig, RestartConfig
 from elasticft.contract.events import EventKind
 from elasticft.contract.records import NodeRecord, NodeState
 from elasticft.contract.restarts import RestartRecord
 from elasticft.contract.run_dir import DEGRADE_MARKER
 from elasticft.health import HealthSampler, RiskModel
 from elasticft.health.injected import InjectedGpuSource
+from elasticft.metrics.board import MetricsBoard
 from elasticft.metrics.catalog import Metric, exposed_names
 from elasticft.metrics.targets import file_sd
 from elasticft.worker.progress import ProgressWriter
@@ -185,6 +188,24 @@ def test_the_jobs_goodput_is_exported_by_the_node_of_rank_0_alone_and_moves_with
     finally:
         for service in services:
             service.close()
+
+
+def test_a_restart_of_the_job_counts_once_however_many_nodes_restart_for_it(agent_context):
+    """Three nodes restart for one lost peer: a panel summing over nodes shows one restart of the job
+    (every node still counts its own workers' restart)."""
+    contexts = [agent_context(f"n{i}") for i in range(3)]
+    boards = [MetricsBoard(KNOWN_LABELS) for _ in contexts]
+    budgets = [RestartBudget(ctx, RestartConfig(), max_restarts=100).start() for ctx in contexts]
+    for ctx, board in zip(contexts, boards):
+        ctx.events.observers.append(board.observe)
+    for round_ in (0, 1):  # two restarts of the job
+        for ctx, budget in zip(contexts, budgets):
+            budget.joined(round_)
+            opened = budget.before_restart(RestartReason.MEMBERSHIP, lambda: None)  # as the agent restarts
+            ctx.record(EventKind.RESTART, reason=RestartReason.MEMBERSHIP, job_restart=opened)
+    reason = (str(RestartReason.MEMBERSHIP),)
+    assert sum(board.counters()[Metric.JOB_RESTARTS][reason] for board in boards) == 2
+    assert sum(board.counters()[Metric.RESTARTS][reason] for board in boards) == 6
 
 
 def test_a_rank_keeps_its_series_across_a_re_plan(node):

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 # Counters exported at 0 with these labels before their first event (metrics/board.py).
 KNOWN_LABELS = {
     Metric.RESTARTS: list(RestartReason),
+    Metric.JOB_RESTARTS: list(RestartReason),
     Metric.HANGS: list(SECTIONS),
     Metric.ROLLBACKS: list(NumericKind),
     Metric.CHECKPOINT_SAVES: ["periodic", "emergency"],

@@ -83,7 +83,11 @@ class Metric(enum.Enum):
                           "seconds since the rank's newest heartbeat")
     # -- restarts
     RESTARTS = _spec("restarts", Kind.COUNTER, (*NODE, "reason"),
-                     "restarts of the node's workers, by reason (membership, failure, hang, ...)")
+                     "restarts of the node's workers, by reason (membership, failure, hang, ...); every node "
+                     "counts a job-wide restart: the job's restarts are eft_job_restarts_total")
+    JOB_RESTARTS = _spec("job_restarts", Kind.COUNTER, (*NODE, "reason"),
+                         "restarts of the job, by reason, each counted once: by the node whose agent reported "
+                         "it first (sum over nodes)")
     RESTART_BUDGET_REMAINING = _spec("restart_budget_remaining", Kind.GAUGE, NODE,
                                      "charged restarts the job may still take (--eft-max-job-restarts)")
     RESTART_SECONDS = _spec("restart_seconds", Kind.HISTOGRAM, NODE,
