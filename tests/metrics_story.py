@@ -64,8 +64,11 @@ def assert_prometheus_saw_the_story(prometheus: PrometheusServer, watch: Targets
     risk = _values(prometheus, f"max by (node) (eft_gpu_risk{{{sel}}})", start, end)
     assert max(risk["node1"]) >= 0.8 > max(risk["node0"]), risk  # the dying GPU crossed the trigger
     assert "EftGpuAtRisk" in watch.firing, watch.firing
+    assert "EftNodeLost" in watch.firing, watch.firing  # the lost node's target went, the survivor alerts
     restarts = _values(prometheus, f'eft_restarts_total{{{sel}, node="node0", reason="membership"}}', start, end)
     assert max(restarts["node0"]) >= 1, restarts  # the loss's restart, with its reason
+    job = _values(prometheus, f'sum by (run) (eft_job_restarts_total{{{sel}, reason="membership"}})', start, end)
+    assert max(job[""]) >= 1, job  # ... counted once for the job
     for tier in ("disk", "memory"):  # both tiers' newest iterations advanced
         seen = _values(prometheus, f'max by (node) (eft_checkpoint_iteration{{{sel}, tier="{tier}"}})', start, end)
         assert len(seen.get("node0", ())) >= 2, (tier, seen)

@@ -18,16 +18,19 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.launch import wait_for
-from elasticft.agent.metrics import AgentParts, MetricsService
+from elasticft.agent.decide import RestartReason
+from elasticft.agent.metrics import KNOWN_LABELS, AgentParts, MetricsService
+from elasticft.agent.restart_budget import RestartBudget
 from elasticft.agent.segments import StopRecorder
 from elasticft.agent.services import AgentServices
-from elasticft.config import MetricsConfig
+from elasticft.config import MetricsConfig, RestartConfig
 from elasticft.contract.events import EventKind
 from elasticft.contract.records import NodeRecord, NodeState
 from elasticft.contract.restarts import RestartRecord
 from elasticft.contract.run_dir import DEGRADE_MARKER
 from elasticft.health import HealthSampler, RiskModel
 from elasticft.health.injected import InjectedGpuSource
+from elasticft.metrics.board import MetricsBoard
 from elasticft.metrics.catalog import Metric, exposed_names
 from elasticft.metrics.targets import file_sd
 from elasticft.worker.progress import ProgressWriter
@@ -109,7 +112,7 @@ def test_events_count_and_a_restart_is_timed_phase_by_phase_at_its_first_step(no
     assert value(samples, "eft_restarts_total", reason="hang") == 1
     assert value(samples, "eft_checkpoint_saves_total", kind="emergency") == 1
     assert value(samples, "eft_checkpoint_save_seconds_bucket", le="5.0") == 1
-    assert value(samples, "eft_iteration", rank=0) == 14
+    assert value(samples, "eft_iteration", local_rank=0) == 14
     assert value(samples, "eft_save_stall_seconds_sum", tier="disk") == 1.5
     assert [value(samples, "eft_save_stall_seconds_bucket", tier="disk", le=le) for le in ("1.0", "2.5", "+Inf")] \
         == [0, 1, 1]
@@ -140,6 +143,85 @@ def test_a_scrape_while_workers_restart_neither_loses_the_restart_nor_counts_a_s
     samples = scrape(service.address)
     assert value(samples, "eft_restart_seconds_count") == 1
     assert value(samples, "eft_save_stall_seconds_count", tier="memory") == 1
+
+
+def test_every_restart_is_timed_at_its_first_step_scraped_or_not(node):
+    """Two restarts, each with its first step, and no scrape in between: both are in the histograms
+    (a scrape is not what observes them), the first one's once the second begins."""
+    ctx, _, stops, service = node
+    for iteration in (1, 2):
+        ctx.record(EventKind.RESTART, reason="worker_failed")
+        stops.stopped("restart")
+        stops.started()
+        writer = ProgressWriter(ctx.run_dir, rank=0, local_rank=0)
+        writer.step(iteration)
+        writer.write()
+    timed = lambda: service.board.histograms()[Metric.RESTART_SECONDS].get(())  # noqa: E731
+    wait_for(lambda: timed() is not None and timed().count == 2, 10, "both restarts timed with nobody scraping")
+    samples = scrape(service.address)
+    assert value(samples, "eft_restart_seconds_count") == 2
+    assert value(samples, "eft_restart_phase_seconds_count", phase="first_step") == 2
+
+
+def test_the_jobs_goodput_is_exported_by_the_node_of_rank_0_alone_and_moves_with_it(agent_context):
+    """The job's figures come from one node at a time: when a re-plan moves rank 0, the old node
+    stops showing them at once and the new one shows them within seconds (not an interval later)."""
+    rank0, services = {"n0": True, "n1": False}, []
+    for name in rank0:
+        ctx = agent_context(name)
+        ctx.record(EventKind.NODE_JOINED, host="host", gpus=1)
+        stops = StopRecorder(ctx.record, ctx.run_dir)
+        stops.started()
+        writer = ProgressWriter(ctx.run_dir, rank=0 if rank0[name] else 1, local_rank=0)
+        writer.step(1)
+        writer.write()
+        service = MetricsService(MetricsConfig(metrics_port=0, metrics_host="127.0.0.1"), "127.0.0.1")  # every 60 s
+        services.append(service.connect(AgentParts(ctx, AgentServices(), None, lambda s=stops: s, lambda: 2,
+                                                   lambda: 1, lambda n=name: rank0[n])))
+    try:
+        goodput = lambda service: value(scrape(service.address), "eft_goodput_ratio")  # noqa: E731
+        wait_for(lambda: goodput(services[0]) is not None, 10, "n0's goodput")
+        assert goodput(services[1]) is None
+        rank0.update(n0=False, n1=True)  # the re-plan
+        assert goodput(services[0]) is None
+        wait_for(lambda: goodput(services[1]) is not None, 10, "the goodput from n1, the new holder of rank 0")
+    finally:
+        for service in services:
+            service.close()
+
+
+def test_a_restart_of_the_job_counts_once_however_many_nodes_restart_for_it(agent_context):
+    """Three nodes restart for one lost peer: a panel summing over nodes shows one restart of the job
+    (every node still counts its own workers' restart)."""
+    contexts = [agent_context(f"n{i}") for i in range(3)]
+    boards = [MetricsBoard(KNOWN_LABELS) for _ in contexts]
+    budgets = [RestartBudget(ctx, RestartConfig(), max_restarts=100).start() for ctx in contexts]
+    for ctx, board in zip(contexts, boards):
+        ctx.events.observers.append(board.observe)
+    for round_ in (0, 1):  # two restarts of the job
+        for ctx, budget in zip(contexts, budgets):
+            budget.joined(round_)
+            opened = budget.before_restart(RestartReason.MEMBERSHIP, lambda: None)  # as the agent restarts
+            ctx.record(EventKind.RESTART, reason=RestartReason.MEMBERSHIP, job_restart=opened)
+    reason = (str(RestartReason.MEMBERSHIP),)
+    assert sum(board.counters()[Metric.JOB_RESTARTS][reason] for board in boards) == 2
+    assert sum(board.counters()[Metric.RESTARTS][reason] for board in boards) == 6
+
+
+def test_a_rank_keeps_its_series_across_a_re_plan(node):
+    """A re-plan gives the node's workers other global ranks: a dashboard's line goes on, not a new series each time."""
+    ctx, _, stops, service = node
+    series: dict[str, set] = {"eft_iteration": set(), "eft_heartbeat_age_seconds": set()}
+    for global_rank, iteration in ((4, 7), (2, 8)):  # local rank 0, before and after the re-plan
+        stops.started()
+        writer = ProgressWriter(ctx.run_dir, rank=global_rank, local_rank=0)
+        writer.step(iteration)
+        writer.write()
+        samples = scrape(service.address)
+        for name, seen in series.items():
+            seen |= {tuple(sorted(labels.items())) for labels, _ in samples[name]}
+    assert value(samples, "eft_iteration", local_rank=0) == 8
+    assert all(len(seen) == 1 for seen in series.values()), series
 
 
 def test_a_port_in_use_is_one_line_and_the_agent_runs_on(node, caplog):

@@ -196,11 +196,11 @@ def test_agents_of_one_round_count_it_once_and_all_end_with_no_progress(agent_co
     etcd.put(run_keys.ckpt_latest, json.dumps({"iteration": 5, "path": "/ckpt/iter_0000005"}))
     for ctx in agents:
         beat(ctx.run_dir, 8)  # every generation dies at iteration 8
-    ended, stopped = [], []
+    ended, stopped, firsts = [], [], []
 
     def report(budget, reason):
         try:
-            budget.before_restart(reason, lambda: stopped.append(budget))
+            firsts.append(budget.before_restart(reason, lambda: stopped.append(budget)))
         except NoProgress as exc:
             ended.append(exc)
 
@@ -213,6 +213,8 @@ def test_agents_of_one_round_count_it_once_and_all_end_with_no_progress(agent_co
         for t in threads:
             t.join()
         assert not ended and not stopped
+        assert sorted(firsts) == [False, True]  # one agent's restart is the job's (eft_job_restarts_total)
+        firsts.clear()
     # The third: the agent whose worker crashed charges it, the other reports it after.
     for budget in budgets:
         budget.joined(2)

@@ -341,10 +341,10 @@ class FTElasticAgent(LocalElasticAgent):
             super()._shutdown(self._pending.stop_signal)
         self._pending = stop_decision(worker_group, self._pending, self._observer)  # dead peers: SIGKILL
         reason = restart_reason(self._pending, worker_group.state)
-        if self._budget is not None:
-            self._budget.before_restart(reason, lambda: self._stop_workers(worker_group), self._failed)
+        opened = self._budget is not None and self._budget.before_restart(
+            reason, lambda: self._stop_workers(worker_group), self._failed)  # the cycle's first report: the job's
         if self._ctx is not None:
-            self._ctx.record(EventKind.RESTART, reason=reason,
+            self._ctx.record(EventKind.RESTART, reason=reason, job_restart=opened,
                              remaining_restarts=torch_seam.remaining_restarts(self),
                              max_restarts=worker_group.spec.max_restarts)
             tell_peers(self._ctx, worker_group, reason)  # after the event: the peers' restarts follow it

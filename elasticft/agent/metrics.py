@@ -7,6 +7,10 @@ sampler, the heartbeat files, the memory tier and three small etcd records it wa
 (``layout``, ``ckpt/latest``, ``restarts``: they change at restarts and saves, not per
 iteration). The job's GPU-seconds by cause are computed from the event log by the node of
 global rank 0 alone, every ``--eft-metrics-goodput-interval``, off the scrape's path.
+
+A restart's downtime goes to its histograms when the agent sees its workers' first step (a
+look every second while a restart waits for one, and at the next restart), not at a scrape:
+a histogram must count every restart, scraped or not, however close two restarts come.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from elasticft.agent.services import AgentServices
 from elasticft.agent.watchdogs import WATCHDOG_CHECKS
 from elasticft.config import MetricsConfig, flag_name
 from elasticft.contract.phases import stamps_from_json
+from elasticft.contract.events import EventKind
 from elasticft.contract.numerics import NumericKind
 from elasticft.contract.progress import SECTIONS, read_progress
 from elasticft.contract.restarts import RestartRecord
@@ -34,6 +39,7 @@ from elasticft.memckpt import MemoryTier
 from elasticft.metrics.board import MetricsBoard
 from elasticft.metrics.catalog import Metric
 from elasticft.metrics.readings import CheckpointReading, GpuReading, RankReading, Readings
+from elasticft.periodic import Periodic
 from elasticft.store import StoreError
 from elasticft.store.keyset import KeySet
 
@@ -42,11 +48,13 @@ log = logging.getLogger(__name__)
 # Counters exported at 0 with these labels before their first event (metrics/board.py).
 KNOWN_LABELS = {
     Metric.RESTARTS: list(RestartReason),
+    Metric.JOB_RESTARTS: list(RestartReason),
     Metric.HANGS: list(SECTIONS),
     Metric.ROLLBACKS: list(NumericKind),
     Metric.CHECKPOINT_SAVES: ["periodic", "emergency"],
     Metric.WATCHDOG_TRIPS: list(WATCHDOG_CHECKS),
 }
+FIRST_STEP_LOOK = 1.0  # seconds between two looks for a restart's first step (only while one is awaited)
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,7 @@ class MetricsService:
         self._watched: list[KeySet] = []
         self._memory_seen: CheckpointReading | None = None
         self._goodput: GoodputNow | None = None
+        self._first_step_look = Periodic("eft-metrics-first-step", self._first_step, FIRST_STEP_LOOK)
         self._lock = threading.Lock()
         self.server = None
         if config.enabled:  # prometheus_client is imported only where metrics are on
@@ -89,7 +98,8 @@ class MetricsService:
             return self
         self._parts = parts
         ctx = parts.ctx
-        ctx.events.observers.append(self.board.observe)
+        ctx.events.observers.append(self._observe)
+        self._first_step_look.start()
         try:
             self._watched = [KeySet(ctx.client, key, lambda: None, exact=True)
                              for key in (ctx.keys.layout, ctx.keys.ckpt_latest, ctx.keys.restarts)]
@@ -99,6 +109,25 @@ class MetricsService:
             self._goodput = GoodputNow(ctx, parts.holds_rank0, parts.stops,
                                        self.config.metrics_goodput_interval).start()
         return self
+
+    def _observe(self, event: dict) -> None:
+        """An event the agent records; before a restart is counted, the previous one's first step
+        is looked for (it may have come since the last look: two restarts are two observations)."""
+        if event.get("kind") == EventKind.RESTART:
+            self._first_step()
+        self.board.observe(event)
+
+    def _first_step(self, beats: dict | None = None) -> None:
+        """If a restart waits for its first step and the lowest rank's heartbeat has one, time it
+        (once: the board forgets the restart). ``beats``: the heartbeats, when already read."""
+        parts = self._parts
+        if parts is None or self.board.restart_began is None:
+            return
+        stops = parts.stops()
+        lowest = (read_progress(stops.run_dir) if beats is None else beats).get(0)
+        if lowest is not None and lowest.first_step is not None:
+            with self._lock:  # the look, a restart and a scrape at once must not observe one restart twice
+                self.board.first_step(lowest.first_step, {**stops.phases, **stamps_from_json(lowest.phases)})
 
     def _raw(self, key: str) -> bytes | None:
         return next((watched.get(key) for watched in self._watched if key in watched), None)
@@ -139,7 +168,7 @@ class MetricsService:
     def _heartbeats(self, readings: Readings, stops: StopRecorder) -> None:
         beats = read_progress(stops.run_dir)
         for local_rank, beat in sorted(beats.items()):
-            readings.ranks.append(RankReading(beat.rank, beat.iteration, beat.time))
+            readings.ranks.append(RankReading(local_rank, beat.iteration, beat.time))
         lowest = beats.get(0)
         if lowest is not None and lowest.started == self.board.stopped_started:
             lowest = None  # the stopped generation's heartbeat: its workers_stopped counted it
@@ -149,9 +178,7 @@ class MetricsService:
         readings.stalls = self.board.stalls(dict(lowest.stalls), dict(lowest.stall_buckets))
         if lowest.step_times:
             readings.iterations_per_second = 1.0 / max(statistics.median(lowest.step_times), 1e-9)
-        if lowest.first_step is not None and self.board.restart_began is not None:
-            with self._lock:  # two scrapes at once must not observe one restart twice
-                self.board.first_step(lowest.first_step, {**stops.phases, **stamps_from_json(lowest.phases)})
+        self._first_step(beats)  # the scrape shows a first step it read, even between two looks
 
     def _job_records(self, readings: Readings, ctx: AgentContext) -> None:
         layout = self._record(ctx.keys.layout) or {}
@@ -183,6 +210,7 @@ class MetricsService:
         readings.memory_served = tier.served()
 
     def close(self) -> None:
+        self._first_step_look.stop()
         if self._goodput is not None:
             self._goodput.stop()
         for watched in self._watched:

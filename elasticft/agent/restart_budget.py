@@ -194,27 +194,29 @@ class RestartBudget:
         self._round = round_
         self._started = time.monotonic()
 
-    def before_restart(self, reason: str, stop_workers: Callable[[], None], failed: RunResult | None = None) -> None:
+    def before_restart(self, reason: str, stop_workers: Callable[[], None], failed: RunResult | None = None) -> bool:
         """Report the cycle that ends now; if the job must end instead, ``stop_workers`` (as the
         restart would have: the hung ranks' stacks first, their signal) and raise ``JobEnded``,
         quoting ``failed`` (the workers' last failure).
 
+        True: this report was the cycle's first, so this node's restart is the one that counts it as
+        the job's (eft_job_restarts_total: once per cycle, however many nodes restart for it).
         etcd out of reach does not stop a restart: the cycle goes uncounted.
         """
         if self._round is None:
-            return
+            return False
         try:
             mark, watched = self._progress_mark()
             cycle = Cycle(self._round, str(reason), mark, watched, self._me)
             before, after = self._change(lambda record: report_cycle(record, cycle, self.limits))
         except StoreError as exc:
             log.warning("restart not counted job-wide: etcd is out of reach (%s)", exc)
-            return
+            return False
         if after.ended is None:
             log.info("restart cycle of round %d (%s): %d of %d restarts charged job-wide, %d cycle(s) in a row "
                      "without progress", cycle.round, reason, after.charged, self.limits.job_restarts,
                      after.no_progress)
-            return
+            return before.round < cycle.round == after.round
         ended = ENDINGS[after.ended](after, self.limits, quote(failed))
         log.error("%s", ended)
         if before.ended is None:  # this report decided it: one event for the job

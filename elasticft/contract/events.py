@@ -43,7 +43,8 @@ class EventKind(enum.StrEnum):
     # The members let the nodes waiting to join in (they restart for them now); round, why (checkpoint or
     # waited), iteration (the checkpoint; None: none), held (seconds).
     JOIN_LET_IN = "join_let_in"
-    # The source's agent restarts its workers; reason, remaining_restarts, max_restarts.
+    # The source's agent restarts its workers; reason, remaining_restarts, max_restarts, job_restart (True
+    # on the one agent whose report opened the job's restart cycle: the job's restart, counted once).
     RESTART = "restart"
     # A new request for a save; request_id, reason, requester, exit, risk (None unless risk-driven).
     CKPT_REQUEST = "ckpt_request"

@@ -105,6 +105,8 @@ class MetricsBoard:
 
     def _restart(self, event: dict) -> None:
         self.add(Metric.RESTARTS, (_text(event.get("reason")),))
+        if event.get("job_restart") is True:  # this node reported the cycle first: the job's one count
+            self.add(Metric.JOB_RESTARTS, (_text(event.get("reason")),))
         self.restart_began = _number(event.get("time"))
 
     def _saved(self, event: dict) -> None:

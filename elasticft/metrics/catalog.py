@@ -5,8 +5,9 @@ else, ``eft metrics docs`` writes docs/metrics.md from the same members, and
 ``tests/test_metrics.py`` checks that the two agree with what ``/metrics`` answers. Names
 follow Prometheus' conventions: the unit in the name (``_seconds``, ``_bytes``), ``_total``
 for counters (the name here is the family's, without it), labels ``run`` and ``node`` on
-every series, ``gpu``/``uuid`` on a GPU's, ``rank`` on a rank's. A name never changes once
-released (dashboards and rules refer to it): a new meaning is a new member.
+every series, ``gpu``/``uuid`` on a GPU's, ``local_rank`` on a rank's (the global rank changes at
+every re-plan, and each change would start a new series). A name never changes once released
+(dashboards and rules refer to it): a new meaning is a new member.
 """
 
 from __future__ import annotations
@@ -74,14 +75,19 @@ class Metric(enum.Enum):
                           "the round's layout: dim tp, pp or dp (the planner's TPxPPxDP)")
     LOCAL_WORKERS = _spec("local_workers", Kind.GAUGE, NODE, "worker processes running on the node")
     # -- progress, from the heartbeats the agent reads anyway
-    ITERATION = _spec("iteration", Kind.GAUGE, (*NODE, "rank"), "the newest iteration the rank has stepped")
+    ITERATION = _spec("iteration", Kind.GAUGE, (*NODE, "local_rank"),
+                      "the newest iteration the node's rank has stepped (by local rank: stable across re-plans)")
     ITERATIONS_PER_SECOND = _spec("iterations_per_second", Kind.GAUGE, NODE,
                                   "iterations per second over the node's lowest rank's recent steps")
-    HEARTBEAT_AGE = _spec("heartbeat_age_seconds", Kind.GAUGE, (*NODE, "rank"),
+    HEARTBEAT_AGE = _spec("heartbeat_age_seconds", Kind.GAUGE, (*NODE, "local_rank"),
                           "seconds since the rank's newest heartbeat")
     # -- restarts
     RESTARTS = _spec("restarts", Kind.COUNTER, (*NODE, "reason"),
-                     "restarts of the node's workers, by reason (membership, failure, hang, ...)")
+                     "restarts of the node's workers, by reason (membership, failure, hang, ...); every node "
+                     "counts a job-wide restart: the job's restarts are eft_job_restarts_total")
+    JOB_RESTARTS = _spec("job_restarts", Kind.COUNTER, (*NODE, "reason"),
+                         "restarts of the job, by reason, each counted once: by the node whose agent reported "
+                         "it first (sum over nodes)")
     RESTART_BUDGET_REMAINING = _spec("restart_budget_remaining", Kind.GAUGE, NODE,
                                      "charged restarts the job may still take (--eft-max-job-restarts)")
     RESTART_SECONDS = _spec("restart_seconds", Kind.HISTOGRAM, NODE,

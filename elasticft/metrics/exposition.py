@@ -92,8 +92,8 @@ def _round(out: _Families, r: Readings) -> None:
         out.add(Metric.PARALLEL_SIZE, size, dim)
     out.add(Metric.LOCAL_WORKERS, r.local_workers)
     for rank in r.ranks:
-        out.add(Metric.ITERATION, rank.iteration, rank.rank)
-        out.add(Metric.HEARTBEAT_AGE, max(0.0, r.now - rank.beat), rank.rank)
+        out.add(Metric.ITERATION, rank.iteration, rank.local_rank)
+        out.add(Metric.HEARTBEAT_AGE, max(0.0, r.now - rank.beat), rank.local_rank)
     out.add(Metric.ITERATIONS_PER_SECOND, r.iterations_per_second)
     out.add(Metric.RESTART_BUDGET_REMAINING, r.restart_budget_remaining)
 

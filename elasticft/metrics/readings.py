@@ -24,7 +24,7 @@ class GpuReading:
 
 @dataclass(frozen=True)
 class RankReading:
-    rank: int
+    local_rank: int  # the series' label: the global rank changes at every re-plan
     iteration: int | None
     beat: float  # unix time of its newest heartbeat
 

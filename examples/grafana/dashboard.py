@@ -29,7 +29,7 @@ TIMESERIES = [
     ("World size and layout", "none", [(f"max by (run) (eft_world_size{{{RUN}}})", "world size"),
                                        (f"max by (run, dim) (eft_parallel_size{{{RUN}}})", "{{dim}}")], 12),
     ("Restarts by reason (per hour)", "none",
-     [(f"sum by (run, reason) (increase(eft_restarts_total{{{RUN}}}[1h]))", "{{reason}}")], 8),
+     [(f"sum by (run, reason) (increase(eft_job_restarts_total{{{RUN}}}[1h]))", "{{reason}}")], 8),
     ("Restart downtime by phase (mean)", "s",
      [(f"sum by (run, phase) (rate(eft_restart_phase_seconds_sum{{{RUN}}}[1h])) / "
        f"sum by (run, phase) (rate(eft_restart_phase_seconds_count{{{RUN}}}[1h]))", "{{phase}}")], 8),
