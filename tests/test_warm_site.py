@@ -131,3 +131,26 @@ def test_a_restart_under_a_site_setup_of_the_users_is_warm_and_the_setup_sees_ea
     assert sorted(seen) == ["0-0", "0-1", "1-0", "1-1"]
     for record in seen.values():  # what a cold start's setup sees: the worker's own slot
         assert (record["site_saw"], record["bound"]) == (f"{record['local_rank']}/2", f"device{record['local_rank']}")
+
+
+def test_the_gpt_example_declares_its_heavy_imports_and_a_warm_interpreter_makes_them_with_no_flag(tmp_path, caplog):
+    from elasticft.worker.opening_imports import auto_preload
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "gpt3" / "train.py"
+    assert ("gpt_preload", False) in auto_preload(str(example))  # megatron-core, after CPU mode
+    # A script whose heavy import is inside a function, declared: warm, it is done before the handoff.
+    (tmp_path / "heavy_beside.py").write_text("import decimal\n")
+    script = tmp_path / "job.py"
+    script.write_text("import sys\n__eft_preload__ = ('heavy_beside',)\n\n\ndef main():\n    import heavy_beside\n\n\n"
+                      "print('preloaded', 'heavy_beside' in sys.modules)\nmain()\n")
+    saved = dict(os.environ)
+    os.environ["PYTHONPATH"] = str(Path.cwd())
+    try:
+        pool = WarmPool(StartConfig(warm_workers=True), tmp_path / "run", die_with_agent=True)
+        pool.stand_ready(sys.executable, (str(script),), 1)
+        out, line = _warm(pool, script, tmp_path, _worker_env(dict(os.environ), 0), 0, caplog)
+        pool.close()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert re.fullmatch(r"local rank 0: warm start in pid \d+", line) and out == "preloaded True\n", (line, out)
