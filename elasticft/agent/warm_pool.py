@@ -33,11 +33,14 @@ from pathlib import Path
 from elasticft import torch_seam
 from elasticft.agent.orphans import unguarded_command
 from elasticft.config import StartConfig
-from elasticft.contract.warm_start import WARM, Handoff, PythonCommand, Spawn, ignored_signals, parse_python_command
+from elasticft.contract.warm_start import (WARM, Handoff, PythonCommand, Spawn, ignored_signals, parse_python_command,
+                                           slot_environment, with_watched_site)
 
 log = logging.getLogger(__name__)
 
 MODULE = "elasticft.worker.warm_interpreter"
+# First on an interpreter's PYTHONPATH: its sitecustomize watches what the site's own setup reads.
+WATCHED_SITE_DIR = str(Path(__file__).resolve().parents[1] / "boot" / "warm")
 CHECK_IDLE_EVERY = 1.0  # seconds between looks at the idle interpreters (one that died is replaced)
 EARLY_DEATHS_TO_GIVE_UP = 3  # interpreters in a row that died before use: warm workers off
 
@@ -48,6 +51,7 @@ class WarmInterpreter:
     control: socket.socket
     command: PythonCommand
     capture: list[str]  # its stdout and stderr files until a handoff
+    slot: int  # the local rank it was started for (its LOCAL_RANK)
 
     def last_line(self) -> str:
         """The last line it printed to stderr (an import error, say), for the log."""
@@ -105,23 +109,27 @@ class WarmPool:
                         else f"warm workers off: {self._early_deaths} died in a row")
         if self._early_deaths >= EARLY_DEATHS_TO_GIVE_UP:
             return
-        while len(self._idle) < self._size:
-            self._idle.append(self._spawn(self._command))
+        ready = {warm.slot for warm in self._idle}
+        self._idle += [self._spawn(self._command, slot) for slot in range(self._size) if slot not in ready]
 
-    def _spawn(self, command: PythonCommand) -> WarmInterpreter:
+    def _spawn(self, command: PythonCommand, slot: int) -> WarmInterpreter:
+        """An interpreter for local rank ``slot``: the site's setup sees what a cold start of that
+        rank's worker sees of the environment before the round (``contract.warm_start.SLOT_VARIABLES``)."""
         self._dir.mkdir(parents=True, exist_ok=True)
         number, self._spawned = self._spawned, self._spawned + 1
         capture = [str(self._dir / f"{number}.out"), str(self._dir / f"{number}.err")]
         modules, auto = self._config.preload_modules()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         spawn = Spawn(command, modules, auto, capture, os.getpid(), self._die_with_agent)
+        env = {**os.environ, **slot_environment(slot, self._size)}  # what torch gives a worker, not the C library's
+        if not {"-E", "-I"} & set(command.options):  # PYTHONPATH is read: the site setup can be watched
+            env = with_watched_site(env, WATCHED_SITE_DIR)
         with open(capture[0], "wb") as out, open(capture[1], "wb") as err:
             proc = subprocess.Popen(
                 [command.python, *command.options, "-m", MODULE, str(theirs.fileno()), spawn.encode()],
-                pass_fds=(theirs.fileno(),), stdout=out, stderr=err, start_new_session=True,
-                env=dict(os.environ))  # what torch gives a worker, not the C library's environ
+                pass_fds=(theirs.fileno(),), stdout=out, stderr=err, start_new_session=True, env=env)
         theirs.close()
-        return WarmInterpreter(proc, ours, command, capture)
+        return WarmInterpreter(proc, ours, command, capture, slot)
 
     def _retire(self, warm: WarmInterpreter) -> str:
         """Forget an interpreter that died while idle (counted: too many in a row turn warm
@@ -153,8 +161,9 @@ class WarmPool:
         if self._command is None:
             return None
         why = "no warm interpreter ready"
-        while self._idle:
-            warm = self._idle.pop(0)
+        while mine := [w for w in self._idle if w.slot == local_rank]:  # started with this LOCAL_RANK
+            warm = mine[0]
+            self._idle.remove(warm)
             if warm.proc.poll() is not None:
                 why = self._retire(warm)
                 continue

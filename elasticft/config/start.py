@@ -19,7 +19,7 @@ class StartConfig:
     )
     preload: str = knob(
         "auto", "modules a warm interpreter imports ahead of need, comma-separated; 'auto' stands for the "
-        "script's own top-level imports of installed packages (never the script's own modules)"
+        "script's opening imports of installed packages and the modules it declares in __eft_preload__"
     )
     join_at: str = knob(
         "save", "when a node that comes back or a spare joins a running job: 'save' at the next checkpoint "

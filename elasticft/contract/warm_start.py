@@ -141,3 +141,51 @@ class Spawn:
         data["command"] = PythonCommand(**{k: tuple(v) if isinstance(v, list) else v
                                            for k, v in data["command"].items()})
         return cls(**data)
+
+
+# What is known of a worker slot (a local rank) before its worker exists, and is the same at every
+# restart: a warm interpreter is started with these, so that the site's setup sees them as the cold
+# worker's would. torch's other worker variables (RANK, GROUP_RANK, WORLD_SIZE, MASTER_ADDR and
+# MASTER_PORT, TORCHELASTIC_RESTART_COUNT, the error file) come with the round: not known yet and
+# never faked; an interpreter whose site setup or preload read one of them starts its worker cold.
+SLOT_VARIABLES = ("LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def slot_environment(local_rank: int, local_world_size: int) -> dict[str, str]:
+    return {"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(local_world_size)}
+
+
+# A warm interpreter starts with elasticft/boot/warm/ first on its PYTHONPATH: its sitecustomize
+# watches which variables the site's own setup reads (worker/environ_reads.py). This variable holds
+# the PYTHONPATH the command has without it (JSON, null: unset); that sitecustomize puts it back
+# before the site's setup runs, and the interpreter reads its start-up environment through it.
+WATCHED_SITE = "EFT_WARM_SITE"
+
+
+def with_watched_site(env: dict[str, str], site_dir: str) -> dict[str, str]:
+    original = env.get("PYTHONPATH")
+    path = os.pathsep.join(filter(None, [site_dir, original]))
+    return {**env, WATCHED_SITE: json.dumps(original), "PYTHONPATH": path}
+
+
+def without_watched_site(env: dict[str, str]) -> dict[str, str]:
+    """``env`` as the command has it: what ``with_watched_site`` added taken away."""
+    env = dict(env)
+    if WATCHED_SITE not in env:
+        return env
+    original = json.loads(env.pop(WATCHED_SITE))
+    if original is None:
+        env.pop("PYTHONPATH", None)
+    else:
+        env["PYTHONPATH"] = original
+    return env
+
+
+def read_too_early(reads: dict[str, str], started: dict[str, str], given: dict[str, str], per_rank: set[str]) -> list[str]:
+    """``who read NAME`` for each of torch's per-rank variables (and the slot's) read before the
+    handoff (``reads``: name -> who) whose value then (``started``) is not the worker's (``given``):
+    the setup did not see what a cold start's sees. The other variables need no reading:
+    ``changed_variables`` holds any change of them against the interpreter."""
+    judged = {*per_rank, *SLOT_VARIABLES}
+    return [f"{who} read {name}" for name, who in sorted(reads.items())
+            if name in judged and started.get(name) != given.get(name)]

@@ -15,6 +15,11 @@ the reading follows the script from its top, as Python would run it, and:
   ``sys.path.insert`` of its own folder, many scripts with warning filters);
 * stops at anything else: a call it does not know, a write to ``os.environ``, another folder on
   ``sys.path``, a relative import. What follows may depend on it.
+
+Then it takes what the script declares, ``__eft_preload__ = ("module", ...)`` at its top level
+(read, never run): imports the script makes later, inside functions, after something only its
+author knows must come first (the GPT example's ``cpu_mode.enable()`` before megatron-core), put
+in a module of the author's that does them in that order. Inference cannot see such an order.
 """
 
 from __future__ import annotations
@@ -210,10 +215,31 @@ def _read(path: str, folder: str, depth: int, seen: set[str], found: list[tuple[
     return True
 
 
+DECLARED = "__eft_preload__"
+
+
+def declared_preload(entry: str) -> list[str]:
+    """The modules ``entry`` names in a top-level ``__eft_preload__`` (a tuple or list of strings)."""
+    try:
+        with open(entry, "rb") as f:
+            tree = ast.parse(f.read(), entry)
+    except (OSError, SyntaxError, ValueError):
+        return []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == DECLARED for t in node.targets):
+            try:
+                names = ast.literal_eval(node.value)
+            except ValueError:
+                return []
+            return [n for n in names if isinstance(n, str)] if isinstance(names, (tuple, list)) else []
+    return []
+
+
 def auto_preload(entry: str) -> list[tuple[str, bool]]:
     """``--eft-preload auto`` for the script ``entry``: (module, optional) in the order its cold
-    start imports them."""
+    start imports them, then the modules it declares."""
     found: list[tuple[str, bool]] = []
     entry = os.path.realpath(entry)
     _read(entry, os.path.dirname(entry), 0, {entry}, found)
+    found += [(name, False) for name in declared_preload(entry)]
     return list(dict.fromkeys(found))

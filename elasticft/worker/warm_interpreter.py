@@ -12,8 +12,10 @@ directory, and its stdout and stderr as descriptors. It answers one line and bec
 * **cold**, on any doubt: it ``exec``\\ s the command in place, so the worker is exactly a cold
   start (the same pid, the death signal kept). Doubt is: a preloaded module failed to import,
   a variable other than eft's and torch's per-rank ones changed since this interpreter started
-  (it may have been read at import), a module file it loaded changed on disk (code updated
-  between restarts), or a command other than the one it was started for.
+  (it may have been read at import), a per-rank one that the site setup (``boot/warm/``) or the
+  preload read had another value then (only the slot's ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` are
+  known ahead: ``RANK`` is not), a module file it loaded changed on disk (code updated between
+  restarts), or a command other than the one it was started for.
 
 What it must not do before the handoff: anything that depends on the rank: no process group,
 no CUDA context (importing torch makes none), no threads of its own, no signal handlers.
@@ -30,7 +32,9 @@ import sys
 import types
 
 from elasticft.contract.run_dir import WorkerEnv
-from elasticft.contract.warm_start import Handoff, Spawn, changed_variables, parse_python_command, reply_line
+from elasticft.contract.warm_start import (SLOT_VARIABLES, Handoff, Spawn, changed_variables, parse_python_command,
+                                           read_too_early, reply_line, without_watched_site)
+from elasticft.worker import environ_reads
 from elasticft.worker.opening_imports import auto_preload
 from elasticft.pdeathsig_exec import die_with
 
@@ -113,10 +117,13 @@ def changed_files(before: dict[str, tuple[int, int]]) -> list[str]:
 
 
 def doubt(spawn: Spawn, handoff: Handoff, started_env: dict, import_error: str | None,
-          files: dict[str, tuple[int, int]]) -> str | None:
-    """Why this interpreter cannot be the worker a cold start would be (None: it can)."""
+          files: dict[str, tuple[int, int]], reads: dict[str, str] | None) -> str | None:
+    """Why this interpreter cannot be the worker a cold start would be (None: it can).
+    ``reads``: the variables its site setup and preload read (None: a site setup ran unwatched)."""
     if import_error:
         return import_error
+    if reads is None:
+        return "a site setup ran unwatched (-E or -I): what it read of the worker's environment is not known"
     command = parse_python_command(handoff.program, handoff.args)
     if isinstance(command, str):
         return command
@@ -124,10 +131,14 @@ def doubt(spawn: Spawn, handoff: Handoff, started_env: dict, import_error: str |
     if (command.python, command.options, command.module, command.script) != (
             mine.python, mine.options, mine.module, mine.script):
         return "the command is not the one this interpreter was started for"
-    variables = changed_variables(started_env, handoff.env, set(handoff.per_rank))
+    variables = changed_variables(started_env, handoff.env, {*handoff.per_rank, *SLOT_VARIABLES})
     if variables:
         return f"environment changed since it started: {', '.join(variables[:3])}" + (
             f" and {len(variables) - 3} more" if len(variables) > 3 else "")
+    early = read_too_early(reads, started_env, handoff.env, set(handoff.per_rank))
+    if early:
+        return f"{early[0]} before the worker's environment existed" + (
+            f" (and {len(early) - 1} more)" if len(early) > 1 else "")
     stale = changed_files(files)
     if stale:
         return f"a loaded module's file changed on disk: {stale[0]}" + (
@@ -170,16 +181,28 @@ def _run_cold(handoff: Handoff) -> None:
 
 
 def given_environment() -> dict[str, str]:
-    """The environment this interpreter was started with: what the agent gave it. Not
-    ``os.environ``, which the interpreter's own start may have changed before any of eft's code
-    ran (a sitecustomize that imports torch: torch sets TORCHINDUCTOR_CACHE_DIR); Linux keeps the
-    original in /proc/self/environ."""
+    """The environment this interpreter was started with: what the agent gave it, less what the
+    agent added to watch its site setup (``with_watched_site``). Not ``os.environ``, which the
+    interpreter's own start may have changed before any of eft's code ran (a sitecustomize that
+    imports torch: torch sets TORCHINDUCTOR_CACHE_DIR); Linux keeps the original in
+    /proc/self/environ."""
     try:
         with open("/proc/self/environ", "rb") as f:
             items = f.read().split(b"\0")
     except OSError:
-        return dict(os.environ)
-    return dict(os.fsdecode(item).split("=", 1) for item in items if b"=" in item)
+        return without_watched_site(dict(os.environ))
+    return without_watched_site(dict(os.fsdecode(item).split("=", 1) for item in items if b"=" in item))
+
+
+def watch_the_preload() -> bool:
+    """Watch the preload's reads as the site setup's were; False: a site setup ran unwatched
+    (-E, -I: no PYTHONPATH, so no ``boot/warm`` sitecustomize before it)."""
+    site = sys.modules.get("sitecustomize")
+    if getattr(site, "_eft_watched_site", False):
+        del sys.modules["sitecustomize"]  # the site has none of its own: a cold start has none either
+    watched = environ_reads.watching() or not any(m in sys.modules for m in ("sitecustomize", "usercustomize"))
+    environ_reads.watch("a preloaded module")
+    return watched
 
 
 def own_changes(given: dict[str, str]) -> tuple[dict[str, str], list[str]]:
@@ -250,17 +273,19 @@ def main(argv: list[str]) -> None:
     if spawn.die_with_agent:
         die_with(spawn.agent_pid)
     started_env = given_environment()
+    site_watched = watch_the_preload()
     _import_when_idle()
     first = spawn.command.sys_path0(os.getcwd())
     if first is not None and sys.path:
         sys.path[0] = first
     import_error = preload(modules_to_preload(spawn))
+    reads = environ_reads.stop()  # before own_changes reads the whole environment
     files, changes = loaded_files(), own_changes(started_env)
     message, fds, _flags, _addr = socket.recv_fds(control, MAX_HANDOFF, 2)
     if not message or len(fds) != 2:  # the agent closed the pool: nothing to become
         os._exit(0)
     handoff = Handoff.decode(message)
-    why = doubt(spawn, handoff, started_env, import_error, files)
+    why = doubt(spawn, handoff, started_env, import_error, files, reads if site_watched else None)
     os.chdir(handoff.cwd)
     _take_output(spawn, *fds)
     control.sendall(reply_line(why is None, why or ""))

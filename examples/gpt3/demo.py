@@ -63,7 +63,8 @@ def agent(endpoint: str, run_id: str, out: Path, args, name: str, faults: str) -
            "--eft-mem-ckpt-interval", str(0 if args.no_memory else args.mem_ckpt_interval)]
     if not getattr(args, "cold_workers", False):
         # restarts start in interpreters that imported torch and megatron-core ahead of need
-        cmd += ["--eft-warm-workers", "--eft-preload", "auto,gpt_preload"]
+        # (train.py declares gpt_preload: no --eft-preload)
+        cmd += ["--eft-warm-workers"]
     if faults:
         cmd += ["--eft-inject", faults]
     cmd += getattr(args, "agent_flags", [])  # tests add their own eft-run flags

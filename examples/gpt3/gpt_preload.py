@@ -1,4 +1,4 @@
-"""What a warm interpreter may import ahead of need for this example: ``--eft-preload auto,gpt_preload``.
+"""What a warm interpreter may import ahead of need for this example (train.py's ``__eft_preload__``).
 
 train.py imports megatron-core only after ``cpu_mode.enable()`` (some megatron modules bind
 torch.cuda functions at import), so ``auto`` leaves megatron-core to the worker. This module

@@ -33,6 +33,7 @@ from gpt_data import micro_batches  # noqa: E402
 from resume import resume  # noqa: E402
 from run_log import Log, layout_text, log_async_save  # noqa: E402
 
+__eft_preload__ = ("gpt_preload",)  # eft-run's warm workers: megatron-core ahead of need (docs/warm-workers.md)
 CHECKPOINT_VERSION = 3.0
 KEEP_CHECKPOINTS = 2
 
@@ -393,8 +394,7 @@ def main(argv=None) -> int:
     return 0
 
 
-# Mandatory: megatron-core's torch_dist save starts a spawn-method multiprocessing Manager
-# (unless its results queue was replaced, as _import_megatron does), which re-imports
-# __main__; without this guard every save would start another training run and hang.
+# Mandatory: megatron-core's torch_dist save starts a spawn-method multiprocessing Manager (unless
+# _import_megatron replaced its results queue), re-importing __main__: unguarded, every save would hang.
 if __name__ == "__main__":
     sys.exit(main())
