@@ -99,7 +99,7 @@ def test_a_variable_not_known_before_the_worker_read_at_import_is_a_cold_start_t
 
 # A worker that writes what the site's setup saw; local rank 1 is killed in the first generation.
 RESTARTED = """
-import json, os, signal, sys
+import json, os, signal, sys, time
 attempt, local_rank = os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["LOCAL_RANK"]
 dump = os.path.join(os.environ["DUMP_DIR"], f"{attempt}-{local_rank}.json")
 with open(dump + ".part", "w") as f:
@@ -107,6 +107,8 @@ with open(dump + ".part", "w") as f:
 os.replace(dump + ".part", dump)
 if attempt == "0":
     if local_rank == "1":
+        while not os.path.exists(os.path.join(os.environ["DUMP_DIR"], "0-0.json")):
+            time.sleep(0.01)  # until local rank 0 has said what it saw: the agent then stops it
         os.kill(os.getpid(), signal.SIGKILL)
     signal.pause()  # until the agent stops this generation
 """
