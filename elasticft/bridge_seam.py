@@ -106,6 +106,9 @@ OVERLAP_PARAM_GATHER = "ddp.overlap_param_gather"
 MEGATRON_FSDP = "ddp.use_megatron_fsdp"
 FT = "ft"  # FaultToleranceConfig: NVRx's rank monitor (ft_launcher only), None when off
 FT_ENABLED = "enable_ft_package"
+# InProcessRestartConfig: NVRx's in-process restart, which pretrain wraps _pretrain in when enabled
+INPROCESS_RESTART = "inprocess_restart"
+INPROCESS_ENABLED = "enabled"
 CONFIG_FIELDS = (TP, PP, SAVE_DIR, LOAD_DIR, SAVE_INTERVAL, TRAIN_ITERS, EXIT_INTERVAL, NON_PERSISTENT_INTERVAL,
                  ASYNC_SAVE, DISTRIBUTED_OPTIMIZER, FULLY_RESHARDABLE, CKPT_FORMAT, CKPT_STEP, FINETUNE, PRETRAINED, LOAD_OPTIM,
                  LOAD_RNG, NON_PERSISTENT_TYPE, NON_PERSISTENT_DIR, SAVE_TOKENIZER, OVERLAP_PARAM_GATHER, MEGATRON_FSDP)
@@ -145,6 +148,10 @@ def problems() -> list[str]:
                 found.append(f"{cls.__name__} has no field {field} ({dotted})")
         if FT_ENABLED not in config.FaultToleranceConfig.__dataclass_fields__:
             found.append(f"FaultToleranceConfig has no field {FT_ENABLED}")
+        if INPROCESS_RESTART not in config.ConfigContainer.__dataclass_fields__:
+            found.append(f"ConfigContainer has no field {INPROCESS_RESTART}")
+        if INPROCESS_ENABLED not in config.InProcessRestartConfig.__dataclass_fields__:
+            found.append(f"InProcessRestartConfig has no field {INPROCESS_ENABLED}")
     except (ImportError, AttributeError) as exc:
         found.append(f"megatron.bridge.training.config: {exc}")
     return found

@@ -86,6 +86,23 @@ def test_the_plans_tp_and_pp_go_into_the_recipe_and_nvrxs_rank_monitor_is_turned
     assert capsys.readouterr().out.count("eft: the recipe's ConfigContainer:") == 1
 
 
+def test_nvrxs_in_process_restart_is_turned_off_in_one_line(monkeypatch, capsys):
+    """A recipe with NVRx's in-process restart on would run _pretrain again inside the worker on
+    destroyed groups while eft's hook holds them: eft turns it off and says so, once."""
+    monkeypatch.delenv("EFT_TP", raising=False)
+    monkeypatch.delenv("EFT_PP", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    container = config()
+    container.inprocess_restart = SimpleNamespace(enabled=True, max_iterations=5)
+    changes = recipe.apply(container)
+    assert container.inprocess_restart.enabled is False
+    assert changes == ["inprocess_restart off: eft restarts the workers itself (NVRx's in-process restart would run "
+                       "the training again in this process on groups eft's hook holds)"]
+    assert capsys.readouterr().out.count("inprocess_restart off") == 1
+    container.inprocess_restart = None  # Bridge's default: nothing to say
+    assert recipe.apply(container) == []
+
+
 def test_a_new_tp_with_a_dp_reshardable_optimizer_says_which_field_lets_the_checkpoint_load(monkeypatch):
     monkeypatch.setenv("EFT_TP", "1")
     monkeypatch.setenv("EFT_PP", "1")

@@ -10,7 +10,10 @@ obeys every re-plan with no change to the script; DP follows from the world size
 NVRx's rank monitor (``ft.enable_ft_package``) needs NVRx's ``ft_launcher``; under eft-run no
 monitor is there to connect to, and eft's own section timeouts, fed by the same loop, do its
 work (ft_launcher's ``--ft-*`` flags set them: ``launcher/ft_launcher_flags.py``). The field is
-turned off here, with one line saying so.
+turned off here, with one line saying so. So is NVRx's in-process restart
+(``inprocess_restart.enabled``): it would run ``_pretrain`` again inside this process, on process
+groups it destroyed while eft's hook holds them; eft restarts the workers itself (warm workers
+give a restart its in-process speed).
 """
 
 from __future__ import annotations
@@ -43,6 +46,11 @@ def apply(config) -> list[str]:
     if ft is not None and getattr(ft, seam.FT_ENABLED, False):
         setattr(ft, seam.FT_ENABLED, False)
         changes.append("ft.enable_ft_package off: eft times Bridge's sections in place of NVRx's rank monitor")
+    inprocess = getattr(config, seam.INPROCESS_RESTART, None)
+    if inprocess is not None and getattr(inprocess, seam.INPROCESS_ENABLED, False):
+        setattr(inprocess, seam.INPROCESS_ENABLED, False)
+        changes.append("inprocess_restart off: eft restarts the workers itself (NVRx's in-process restart would run "
+                       "the training again in this process on groups eft's hook holds)")
     if changes and _first_rank():
         print(f"eft: the recipe's ConfigContainer: {'; '.join(changes)}", flush=True)
     return changes
