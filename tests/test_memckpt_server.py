@@ -152,3 +152,41 @@ def test_needs_come_from_a_real_dcp_metadata(tmp_path):
     assert list(checksum_part(part)) == [".metadata", "common.pt"]
     (part / ".metadata").write_bytes(b"torn")
     assert needs_of(part) is None
+
+
+def test_a_restarts_burst_of_connections_waits_in_the_listen_queue_not_in_tcp_retries(tmp_path):
+    """At a restart every survivor connects to one of two holders at once. Connections beyond the
+    server's listen queue are dropped by the kernel and retried by the client's TCP a second later
+    (then 3, 7, 15, 31 s): with nothing accepting yet, 64 clients must all be through the handshake
+    at once, not 6 of them (the standard library's queue of 5)."""
+    import socket
+    import threading
+
+    from elasticft.memckpt.node_dir import NodeDir
+    from elasticft.memckpt.server import ShardServer
+
+    node_dir = NodeDir(tmp_path / "holder")
+    node_dir.create()
+    server = ShardServer(node_dir, "holder", "run", "127.0.0.1")  # listening, not started: nobody accepts
+    host, port = server.address.rsplit(":", 1)
+    connected, lock, go = [], threading.Lock(), threading.Event()
+
+    def connect() -> None:
+        go.wait()
+        try:
+            conn = socket.create_connection((host, int(port)), timeout=0.5)  # under the 1 s SYN retry
+        except OSError:
+            return
+        with lock:
+            connected.append(conn)
+
+    threads = [threading.Thread(target=connect) for _ in range(64)]
+    for t in threads:
+        t.start()
+    go.set()
+    for t in threads:
+        t.join()
+    for conn in connected:
+        conn.close()
+    server.close()
+    assert len(connected) == 64

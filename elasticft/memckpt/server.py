@@ -165,6 +165,12 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # At a restart every survivor fetches the checkpoint-wide files from one of two holders, and every
+    # rank reads byte ranges from holders, all at once. The standard library listens with a queue of 5:
+    # the kernel drops the connections beyond it and the clients' TCP retries them after 1, 3, 7, 15,
+    # 31 s (bench/shard_fetch_burst.py: 256 fetches, the slowest 59 s). The kernel caps this at
+    # net.core.somaxconn (4096 on current kernels).
+    request_queue_size = 4096
     owner: "ShardServer"
 
 
