@@ -213,3 +213,18 @@ def test_megatrons_arguments_hold_every_iteration_its_loop_saves_or_stops_at():
     decides = set(training.checkpoint_and_decide_exit.__code__.co_names)
     assert {"save_interval", "non_persistent_save_interval", "exit_interval"} <= decides
     assert "train_iters" in training.train.__code__.co_names
+
+
+def test_eft_doctor_gives_a_newer_minor_the_modes_own_verdict(monkeypatch):
+    """A megatron-core newer than the tested minors: `eft doctor` and `eft-run --version` say what
+    the Megatron-LM mode will do with it — untested where every site is there (0.19's), unsupported
+    where not (0.17, 0.18 as 0.20) — not "untested" by its range alone."""
+    from launcher.version_report import version_lines
+
+    real = seam.installed_minor()  # the installed Megatron's (cached: the patch below must not reach it)
+    monkeypatch.setattr(seam.versions, "installed", lambda component: "0.20.0" if component is
+                        seam.versions.MEGATRON_CORE else None)
+    (line,) = [line for line in version_lines() if line.startswith("megatron-core")]
+    expected, _ = seam.version_status("0.20.0")
+    assert f"0.20.0  {expected} for the Megatron-LM mode: " in line
+    assert (expected is Support.UNTESTED) == (real >= (0, 19))
