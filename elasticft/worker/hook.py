@@ -101,6 +101,7 @@ class Hook:
                                     (self.save_interval, exit_interval, non_persistent_save_interval), train_iters)
         self._unvoted: int | None = None  # the newest step, when the ranks did not vote at it
         self._ballots: list[Ballot] = []  # others that vote in the same exchange (the memory tier)
+        self._vote_layout: Layout | None = None  # where each part lies in a vote (_layout)
         numerics = from_env(NumericsConfig)
         # A collective: every rank makes its Hook.
         self.numerics = (NumericsGuard(self.run_dir, self._group, self._outbox, numerics)
@@ -197,13 +198,15 @@ class Hook:
         return self._latest
 
     def _layout(self) -> Layout:
-        """The vote's parts after the decision: the cadence, the numbers check, the ballots."""
-        layout = Layout()
-        layout.add(self._cadence, 1)
-        layout.add(self.numerics, self.numerics.width if self.numerics is not None else 0)
-        for ballot in self._ballots:
-            layout.add(ballot, ballot.width)
-        return layout
+        """The vote's parts after the decision: the cadence, the numbers check, the ballots (made
+        once, and again only after ``add_ballot``: not at every vote)."""
+        if self._vote_layout is None:
+            self._vote_layout = Layout()
+            self._vote_layout.add(self._cadence, 1)
+            self._vote_layout.add(self.numerics, self.numerics.width if self.numerics is not None else 0)
+            for ballot in self._ballots:
+                self._vote_layout.add(ballot, ballot.width)
+        return self._vote_layout
 
     def _votes_at(self, iteration: int) -> bool:
         """The same answer on every rank: the cadence's, a ballot's or the numbers check's."""
@@ -223,6 +226,7 @@ class Hook:
         """Let ``ballot`` vote in this hook's votes: one exchange for all, where any needs it."""
         if not self.inert:
             self._ballots.append(ballot)
+            self._vote_layout = None
 
     # -- sections and work time --------------------------------------------------------
 
