@@ -21,8 +21,9 @@ def _as_the_mode_judges(row: tuple[str, str, str]) -> tuple[str, str, str]:
     """megatron-core's row in the Megatron-LM mode's own verdict where the range alone cannot give
     it: a minor newer than the tested ones runs untested only if every site eft relies on is there
     (``megatron_seam.version_status``, which then imports Megatron), else the mode refuses it."""
-    what, version, where = row
-    if what != "megatron-core" or not where.startswith(str(versions.Support.UNTESTED)):
+    what, version, _ = row
+    if what != "megatron-core" or versions.judge(versions.MEGATRON_CORE, version).support \
+            is not versions.Support.UNTESTED:
         return row
     from elasticft import megatron_seam
 
