@@ -6,15 +6,15 @@ same requests ``etcdctl user add``/``role add``/... send; Debian ships no etcdct
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyetcd
-from pyetcd import etcdrpc
-from pyetcd.etcdrpc import auth_pb2
-
+from elasticft.store import etcd_api_pb2 as api
+from elasticft.store import etcd_rpc
+from elasticft.store.auth import TokenRenewal
 from elasticft.store import StoreError, StoreOptions, connect, find_etcd, free_port
 from elasticft.store.client import prefix_end
 from elasticft.store.server import dies_with_this_process, stop_process
@@ -125,43 +125,42 @@ class DeployedEtcd:
 
     def enable_auth(self) -> None:
         """``etcdctl user add root; etcdctl auth enable``."""
-        admin = _client(self.port, self._creds(), authenticated=False)
-        admin.authstub.UserAdd(etcdrpc.AuthUserAddRequest(name="root", password=ROOT_PASSWORD), 10)
-        admin.authstub.UserGrantRole(etcdrpc.AuthUserGrantRoleRequest(user="root", role="root"), 10)
-        admin.authstub.AuthEnable(etcdrpc.AuthEnableRequest(), 10)
-        admin.close()
+        with _admin(self.options()) as admin:
+            admin.call(etcd_rpc.USER_ADD, api.AuthUserAddRequest(name="root", password=ROOT_PASSWORD))
+            admin.call(etcd_rpc.USER_GRANT_ROLE, api.AuthUserGrantRoleRequest(user="root", role="root"))
+            admin.call(etcd_rpc.AUTH_ENABLE, api.AuthEnableRequest())
         self.auth_enabled = True
 
     def add_run_user(self, user: str, password: str, prefix: str) -> None:
         """A user whose one role reads and writes the keys under ``prefix`` only:
         ``etcdctl role add R; role grant-permission R --prefix readwrite PREFIX;
         user add U; user grant-role U R`` (as root)."""
-        admin = _client(self.port, self._creds(), authenticated=True)
-        stub, token, role = admin.authstub, admin.metadata, f"{user}-role"
-        stub.RoleAdd(etcdrpc.AuthRoleAddRequest(name=role), 10, metadata=token)
-        permission = auth_pb2.Permission(permType=auth_pb2.Permission.READWRITE, key=prefix.encode(),
-                                         range_end=prefix_end(prefix).encode())
-        stub.RoleGrantPermission(etcdrpc.AuthRoleGrantPermissionRequest(name=role, perm=permission), 10,
-                                 metadata=token)
-        stub.UserAdd(etcdrpc.AuthUserAddRequest(name=user, password=password), 10, metadata=token)
-        stub.UserGrantRole(etcdrpc.AuthUserGrantRoleRequest(user=user, role=role), 10, metadata=token)
-        admin.close()
+        with _admin(self.root_options()) as admin:
+            role = f"{user}-role"
+            admin.call(etcd_rpc.ROLE_ADD, api.AuthRoleAddRequest(name=role))
+            permission = api.Permission(permType=api.Permission.READWRITE, key=prefix.encode(),
+                                        range_end=prefix_end(prefix).encode())
+            admin.call(etcd_rpc.ROLE_GRANT_PERMISSION, api.AuthRoleGrantPermissionRequest(name=role, perm=permission))
+            admin.call(etcd_rpc.USER_ADD, api.AuthUserAddRequest(name=user, password=password))
+            admin.call(etcd_rpc.USER_GRANT_ROLE, api.AuthUserGrantRoleRequest(user=user, role=role))
 
     _root = {"user": "root", "password": ROOT_PASSWORD}
 
     def root_options(self) -> StoreOptions:
         return self.options(**self._root)
 
-    def _creds(self):
-        o = self.options()
-        return pyetcd.Etcd3Client.get_secure_creds(o.cacert, o.key, o.cert) if o.cacert else None
 
-
-def _client(port: int, creds, authenticated: bool) -> pyetcd.MultiEndpointEtcd3Client:
-    endpoint = pyetcd.Endpoint("127.0.0.1", port, secure=creds is not None, creds=creds)
-    return pyetcd.MultiEndpointEtcd3Client(endpoints=[endpoint], timeout=10,
-                                           user="root" if authenticated else None,
-                                           password=ROOT_PASSWORD if authenticated else None)
+@contextlib.contextmanager
+def _admin(options: StoreOptions):
+    """The requests behind etcdctl's user, role and auth commands, logged in when ``options``
+    name a user."""
+    members = etcd_rpc.Members(options)
+    try:
+        if options.user is not None:
+            TokenRenewal(options.user, options.password).renew(members)
+        yield members
+    finally:
+        members.close()
 
 
 def etcd_keys(etcd: DeployedEtcd, prefix: str) -> list[str]:

@@ -81,7 +81,7 @@ def test_eft_run_trusting_another_ca_fails_in_one_line(tls_etcd, tmp_path):
     cert, key = tls_etcd.certs.client
     result = run_eft(tls_etcd, uuid.uuid4().hex, f"cacert={other_ca},cert={cert},key={key}", tmp_path, timeout=60)
     assert result.returncode == 2, result.stderr
-    assert_one_line_error(result, tls_etcd.endpoint, "TLS")
+    assert_one_line_error(result, tls_etcd.endpoint, "TLS server certificate", "cacert")
 
 
 def test_https_endpoint_without_cacert_fails_in_one_line(tls_etcd, tmp_path):

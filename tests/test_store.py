@@ -9,7 +9,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
-import grpc
 import pytest
 import torch.distributed as dist
 
@@ -17,7 +16,7 @@ from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord
 from elasticft.rendezvous.blob import EtcdRendezvousBackend
 from elasticft.rendezvous.membership import Membership, NodeLease
-from elasticft.store import EmbeddedEtcd, StoreOptions, StoreUnavailable, connect, pyetcd_seam
+from elasticft.store import EmbeddedEtcd, StoreOptions, StoreUnavailable, connect
 from elasticft.store.c10d_store import EtcdStore
 
 
@@ -170,16 +169,3 @@ def test_closing_a_client_under_requests_watches_and_callbacks_refuses_them_and_
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
-def test_the_pyetcd_names_eft_relies_on_are_there(etcd):
-    # elasticft/store/pyetcd_seam.py: pyetcd's mapping of a gRPC error, which fails an endpoint over
-    class Unavailable(grpc.RpcError):
-        def code(self):
-            return grpc.StatusCode.UNAVAILABLE
-
-        def details(self):
-            return "connection refused"
-
-    library = etcd._etcd
-    with pytest.raises(Exception) as raised:
-        pyetcd_seam.manage_grpc_errors(library, Unavailable())
-    assert type(raised.value).__name__ == "ConnectionFailedError"

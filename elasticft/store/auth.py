@@ -8,37 +8,23 @@ client logs in again, once per such answer, and sends the request again.
 
 from __future__ import annotations
 
-import grpc
-from pyetcd import etcdrpc
-
-from elasticft.store.errors import error_of
+from elasticft.store import etcd_api_pb2 as api
+from elasticft.store.etcd_rpc import AUTHENTICATE
 
 
 class TokenRenewal:
-    """Logs a library client in again with the credentials it was made with."""
+    """Logs a client in (again) with the credentials it was made with."""
 
-    def __init__(self, user: str | None, password: str | None, secure: bool):
-        self._user, self._password, self._secure = user, password, secure
+    def __init__(self, user: str | None, password: str | None):
+        self._user, self._password = user, password
 
     @property
     def possible(self) -> bool:
         return self._user is not None and self._password is not None
 
-    def renew(self, etcd) -> None:
-        """A new token on ``etcd`` (a pyetcd client); raises StoreError."""
-        try:
-            answer = etcd.authstub.Authenticate(
-                etcdrpc.AuthenticateRequest(name=self._user, password=self._password), etcd.timeout)
-        except grpc.RpcError as exc:
-            raise error_of(exc) from exc
-        etcd.metadata = (("token", answer.token),)
-        if self._secure:  # on a plain channel the token travels as metadata only (client.py)
-            etcd.call_credentials = grpc.metadata_call_credentials(_Token(answer.token))
-
-
-class _Token(grpc.AuthMetadataPlugin):
-    def __init__(self, token: str):
-        self._token = token
-
-    def __call__(self, context, callback):
-        callback((("token", self._token),), None)
+    def renew(self, members) -> None:
+        """A new token for ``members`` (etcd_rpc.Members): every request carries it from now on,
+        as metadata, as etcdctl's do (on a TLS channel and a plain one alike). Raises gRPC's error."""
+        members.metadata = ()  # a forgotten token must not travel with the login itself
+        answer = members.call(AUTHENTICATE, api.AuthenticateRequest(name=self._user, password=self._password))
+        members.metadata = (("token", answer.token),)

@@ -1,9 +1,9 @@
-"""A small etcd v3 client: the only module that imports the etcd client library.
+"""A small etcd v3 client: eft's own, on etcd's gRPC API (etcd_rpc.py, etcd_api.proto).
 
 It offers what eft needs and nothing more: get/put/delete, compare-and-swap on a
 key's mod_revision, create-if-absent, leases kept alive by a thread, and prefix
-watches delivered to a callback. Errors from the library become ``StoreError``
-(or ``StoreUnavailable`` when etcd cannot be reached) so callers never see gRPC.
+watches delivered to a callback. gRPC's errors become ``StoreError`` (or
+``StoreUnavailable`` when etcd cannot be reached) so callers never see gRPC.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import time
 from typing import Callable
 
 import grpc
-import pyetcd
-from pyetcd import exceptions as etcd_exceptions
-from pyetcd.events import DeleteEvent
 
+from elasticft.store import etcd_api_pb2 as api
+from elasticft.store import etcd_rpc
 from elasticft.store.auth import TokenRenewal
 from elasticft.store.call_gate import CallGate
 from elasticft.store.errors import (
@@ -28,25 +27,25 @@ from elasticft.store.errors import (
     one_line,
     watch_error,
 )
+from elasticft.store.etcd_requests import delete_request, prefix_end, put_request, range_request
+from elasticft.store.etcd_rpc import MEMBER_DOWN_CODES, Members, NoMemberAvailable
+from elasticft.store.etcd_watch import Watches, WatchCompacted, WatchNotCreated
 from elasticft.store.lease import Lease, LeaseKeeper
-from elasticft.store.options import FAILED_ENDPOINT_RETRY, StoreOptions
+from elasticft.store.options import StoreOptions
 from elasticft.store.outage import Outage, outage_of
 from elasticft.store.tls import tls_error_behind
-from elasticft.store.transactions import MAX_TXN_OPS, Transactions, prefix_end  # noqa: F401 - MAX_TXN_OPS re-exported
+from elasticft.store.transactions import MAX_TXN_OPS, Transactions  # noqa: F401 - MAX_TXN_OPS re-exported
 from elasticft.store.records import KeyValue, StoreStatus, WatchEvent
 
 log = logging.getLogger(__name__)
 
 
-_UNAVAILABLE = (
-    etcd_exceptions.ConnectionFailedError,
-    etcd_exceptions.ConnectionTimeoutError,
-    etcd_exceptions.NoServerAvailableError,
-)
-
-
-OnEvents = Callable[[list[WatchEvent]], None]  # a watch's changes, from a library thread
+OnEvents = Callable[[list[WatchEvent]], None]  # a watch's changes, from the client's watch thread
 OnError = Callable[[Exception], None]  # why a watch ended (a StoreError)
+
+
+def _key_value(kv: api.KeyValue) -> KeyValue:
+    return KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease, kv.create_revision)
 
 
 class EtcdClient(Transactions):
@@ -54,42 +53,28 @@ class EtcdClient(Transactions):
         self.options = options
         # shared by this process's clients of the same etcd; a probe (is etcd up yet?) reports nothing
         self.outage = Outage(options.endpoints, quiet=True) if probe else outage_of(options.endpoints)
-        endpoints = []
-        for host, port in options.parsed_endpoints():
-            secure = bool(options.cacert)
-            creds = None
-            if secure:
-                creds = pyetcd.Etcd3Client.get_secure_creds(options.cacert, options.key, options.cert)
-            endpoints.append(
-                pyetcd.Endpoint(host, port, secure=secure, creds=creds, time_retry=FAILED_ENDPOINT_RETRY,
-                                opts=options.channel_options())
-            )
-        self._members = len(endpoints)
-        self._auth = TokenRenewal(options.user, options.password, secure=bool(options.cacert))
-        try:
-            self._etcd = pyetcd.MultiEndpointEtcd3Client(
-                endpoints=endpoints,
-                timeout=options.timeout,
-                user=options.user,
-                password=options.password,
-                failover=len(endpoints) > 1,
-            )
-        except _UNAVAILABLE as exc:
-            self.outage.failure(time.monotonic())
-            raise StoreUnavailable(f"etcd at {options.endpoints} is unreachable") from exc
-        except (etcd_exceptions.Etcd3Exception, grpc.RpcError) as exc:  # e.g. a wrong password
-            raise StoreError(f"cannot connect to etcd at {options.endpoints}: {one_line(exc)}") from exc
-        if not secure:  # gRPC fails calls with call credentials on a plain channel; the token
-            self._etcd.call_credentials = None  # still travels as metadata, as etcdctl's does
+        self._rpc = Members(options)
+        self._members = len(self._rpc)
+        self._auth = TokenRenewal(options.user, options.password)
+        self._watches = Watches(self._rpc)
         self._keeper = LeaseKeeper(self)
         self._gate = CallGate(f"etcd at {options.endpoints}")
+        if self._auth.possible:
+            try:
+                self._call(self._auth.renew)
+            except StoreUnavailable:
+                self._rpc.close()
+                raise
+            except StoreError as exc:  # e.g. a wrong password
+                self._rpc.close()
+                raise StoreError(f"cannot connect to etcd at {options.endpoints}: {one_line(exc.__cause__ or exc)}") from exc
 
     def _call(self, fn, answered: bool = True):
-        """``fn(library client)`` with errors as StoreError; ``answered``: its return means
-        etcd answered (not so for registering a watch, which returns before any reply).
+        """``fn(members)`` (etcd_rpc.Members) with errors as StoreError; ``answered``: its return
+        means etcd answered (not so for registering a watch, which returns before any reply).
 
         With several members, a request that found its member down goes to the next one at
-        once (the library marked the dead one failed): one dead member of three must cost no
+        once (Members marked the dead one failed): one dead member of three must cost no
         request, and no agent starting meanwhile, anything. A token that a restarted etcd
         forgot is renewed once (auth.py)."""
         with self._gate.call():  # refused once closed; close() outwaits it
@@ -101,24 +86,29 @@ class EtcdClient(Transactions):
             tries -= 1
             sent = time.monotonic()
             try:
-                result = fn(self._etcd)
-            except _UNAVAILABLE as exc:
+                result = fn(self._rpc)
+            except NoMemberAvailable as exc:
                 failure = exc
                 continue
-            except (etcd_exceptions.Etcd3Exception, grpc.RpcError) as exc:
+            except grpc.RpcError as exc:
+                if exc.code() in MEMBER_DOWN_CODES:
+                    failure = exc
+                    continue
                 error = error_of(exc)
                 if not isinstance(error, TokenExpired) or renewed or not self._auth.possible:
                     raise error from exc
-                self._auth.renew(self._etcd)
+                try:
+                    self._auth.renew(self._rpc)
+                except grpc.RpcError as again:
+                    raise error_of(again) from again
                 renewed, tries = True, tries + 1
                 continue
+            except (WatchCompacted, WatchNotCreated) as exc:
+                raise StoreError(f"etcd at {self.options.endpoints}: {exc}") from exc
             except ValueError as exc:
                 if "closed channel" in str(exc):  # gRPC's words; the gate keeps eft's own calls off one
                     raise StoreClosed(f"etcd at {self.options.endpoints}: client closed") from exc
-                if "failed node" not in str(exc):  # pyetcd: "Trying to use a failed node"
-                    raise
-                failure = exc
-                continue
+                raise
             if answered:
                 self.outage.success()
             return result
@@ -127,12 +117,15 @@ class EtcdClient(Transactions):
 
     # -- reads -------------------------------------------------------------------
 
+    def _range(self, key: str, range_end: str | None = None, **how) -> api.RangeResponse:
+        return self._call(lambda rpc: rpc.call(etcd_rpc.RANGE, range_request(key, range_end, **how)))
+
     def ping(self) -> None:
         """Raise StoreUnavailable unless etcd answers."""
 
-        def read(c):
+        def read(rpc):
             try:
-                c.get("/eft-ping")
+                rpc.call(etcd_rpc.RANGE, range_request("/eft-ping"))
             except grpc.RpcError as exc:
                 # A run's role may cover its own keys only (RBAC); etcd checks permissions
                 # after the read's quorum, so a refusal still says etcd is up with a leader.
@@ -142,14 +135,12 @@ class EtcdClient(Transactions):
         self._call(read)
 
     def get(self, key: str) -> KeyValue | None:
-        value, meta = self._call(lambda c: c.get(key))
-        if meta is None:
-            return None
-        return KeyValue(key, value, meta.mod_revision, meta.lease_id)
+        kvs = self._range(key).kvs
+        return KeyValue(key, kvs[0].value, kvs[0].mod_revision, kvs[0].lease) if kvs else None
 
     def get_with_revision(self, key: str) -> tuple[KeyValue | None, int]:
         """The key (or None) and the store revision it was read at, for read-then-watch."""
-        response = self._call(lambda c: c.get_response(key))
+        response = self._range(key)
         revision = response.header.revision
         if not response.kvs:
             return None, revision
@@ -158,41 +149,34 @@ class EtcdClient(Transactions):
 
     def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         """All keys under ``prefix`` and the store revision they were read at."""
-
-        response = self._call(lambda c: c.get_prefix_response(prefix))
-        items = [KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease, kv.create_revision)
-                 for kv in response.kvs]
-        return items, response.header.revision
+        response = self._range(prefix, prefix_end(prefix))
+        return [_key_value(kv) for kv in response.kvs], response.header.revision
 
     def get_range(self, start: str, end: str) -> tuple[list[KeyValue], int]:
         """All keys in [start, end) and the store revision they were read at."""
-        response = self._call(lambda c: c.get_range_response(start, end))
-        items = [KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease, kv.create_revision)
-                 for kv in response.kvs]
-        return items, response.header.revision
+        response = self._range(start, end)
+        return [_key_value(kv) for kv in response.kvs], response.header.revision
 
     def count_range(self, start: str, end: str, revision: int | None = None) -> tuple[int, int]:
         """How many keys lie in [start, end) (at ``revision``, else now), and the revision read at.
 
         Only a count travels: N nodes can each learn their rank from one tiny answer.
         """
-        response = self._call(lambda c: c.get_range_response(start, end, count_only=True, revision=revision))
+        response = self._range(start, end, count_only=True, revision=revision)
         return response.count, response.header.revision
 
     def count_prefix(self, prefix: str) -> int:
         """How many keys lie under ``prefix`` (etcd counts them; no values travel)."""
-        return self._call(lambda c: c.get_prefix_response(prefix, count_only=True)).count
+        return self._range(prefix, prefix_end(prefix), count_only=True).count
 
     def keys_with_prefix(self, prefix: str) -> list[str]:
         """The names of the keys under ``prefix``, in key order (no values travel)."""
-        response = self._call(lambda c: c.get_prefix_response(prefix, keys_only=True))
+        response = self._range(prefix, prefix_end(prefix), keys_only=True)
         return [kv.key.decode() for kv in response.kvs]
 
     def first_created(self, prefix: str) -> tuple[KeyValue | None, int]:
         """The oldest key under ``prefix`` by create revision (or None), and the store revision read at."""
-        response = self._call(
-            lambda c: c.get_prefix_response(prefix, limit=1, sort_order="ascend", sort_target="create")
-        )
+        response = self._range(prefix, prefix_end(prefix), limit=1, sort_order="ascend", sort_target="create")
         if not response.kvs:
             return None, response.header.revision
         kv = response.kvs[0]
@@ -200,44 +184,48 @@ class EtcdClient(Transactions):
 
     def last_modified(self, prefix: str) -> int:
         """The newest mod revision among the keys under ``prefix`` (0: none); one key's name travels."""
-        response = self._call(lambda c: c.get_prefix_response(prefix, keys_only=True, limit=1, sort_order="descend",
-                                                               sort_target="mod"))
+        response = self._range(prefix, prefix_end(prefix), keys_only=True, limit=1, sort_order="descend",
+                               sort_target="mod")
         return response.kvs[0].mod_revision if response.kvs else 0
 
     def oldest(self, prefix: str, limit: int, revision: int | None = None) -> list[KeyValue]:
         """The first ``limit`` keys under ``prefix`` in key order (at ``revision``, else now), with their values."""
-        response = self._call(lambda c: c.get_prefix_response(prefix, limit=limit, sort_order="ascend",
-                                                               sort_target="key", revision=revision))
-        return [KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease, kv.create_revision)
-                for kv in response.kvs]
+        response = self._range(prefix, prefix_end(prefix), limit=limit, sort_order="ascend", sort_target="key",
+                               revision=revision)
+        return [_key_value(kv) for kv in response.kvs]
 
     def status(self) -> StoreStatus:
-        reply = self._call(lambda c: c.status())
-        return StoreStatus(reply.db_size, self.revision(), reply.leader.name if reply.leader else "")
+        """What the member answering says: its database's size, the revision, the leader's name."""
+
+        def read(rpc):
+            reply = rpc.call(etcd_rpc.STATUS, api.StatusRequest())
+            if not reply.leader:
+                return reply, ""
+            members = rpc.call(etcd_rpc.MEMBER_LIST, api.MemberListRequest()).members
+            return reply, next((m.name for m in members if m.ID == reply.leader), "")
+
+        reply, leader = self._call(read)
+        return StoreStatus(reply.dbSize, self.revision(), leader)
 
     def revision(self) -> int:
-        def read(c):
-            response = c.get_response("/eft-revision")
-            return response.header.revision
-
-        return self._call(read)
+        return self._range("/eft-revision").header.revision
 
     # -- writes ------------------------------------------------------------------
 
     def put(self, key: str, value: bytes | str, lease: Lease | None = None) -> int:
-        response = self._call(lambda c: c.put(key, value, lease=lease.id if lease else None))
-        return response.header.revision
+        request = put_request(key, value, lease.id if lease else None)
+        return self._call(lambda rpc: rpc.call(etcd_rpc.PUT, request)).header.revision
 
     def compact(self, revision: int) -> None:
         """Drop etcd's history before ``revision`` (every key's, every run's: compaction is
         cluster-wide); reads and watches at ``revision`` or later still work."""
-        self._call(lambda c: c.compact(revision))
+        self._call(lambda rpc: rpc.call(etcd_rpc.COMPACT, api.CompactionRequest(revision=revision)))
 
     def delete(self, key: str) -> bool:
-        return bool(self._call(lambda c: c.delete(key)))
+        return self._call(lambda rpc: rpc.call(etcd_rpc.DELETE_RANGE, delete_request(key))).deleted > 0
 
     def delete_prefix(self, prefix: str) -> None:
-        self._call(lambda c: c.delete_prefix(prefix))
+        self._call(lambda rpc: rpc.call(etcd_rpc.DELETE_RANGE, delete_request(prefix, prefix_end(prefix))))
 
     def lease(self, ttl: float) -> Lease:
         return Lease(self, ttl)
@@ -246,7 +234,7 @@ class EtcdClient(Transactions):
 
     def watch_prefix(self, prefix: str, on_events: OnEvents, start_revision: int | None = None,
                      on_error: OnError | None = None) -> Callable[[], None]:
-        """Call ``on_events`` (from a library thread) for every change under ``prefix``.
+        """Call ``on_events`` (from the client's watch thread) for every change under ``prefix``.
 
         Returns a function that cancels the watch.
         """
@@ -256,30 +244,24 @@ class EtcdClient(Transactions):
                     on_error: OnError | None = None) -> Callable[[], None]:
         """``watch_prefix`` for the keys in [start, end)."""
 
-        def callback(response):
-            if isinstance(response, Exception) or response is None:
+        def on_answer(answer):
+            if not isinstance(answer, api.WatchResponse):
                 if on_error is not None:
-                    on_error(watch_error(response, self.options.endpoints))
+                    on_error(watch_error(answer, self.options.endpoints))
                 return
             events = [
-                WatchEvent(
-                    key=e.key.decode(),
-                    value=e.value,
-                    deleted=isinstance(e, DeleteEvent),
-                    revision=e.mod_revision,
-                )
-                for e in response.events
+                WatchEvent(key=e.kv.key.decode(), value=e.kv.value, deleted=e.type == api.Event.DELETE,
+                           revision=e.kv.mod_revision)
+                for e in answer.events
             ]
             if events:
                 on_events(events)
 
-        watch_id = self._call(
-            lambda c: c.add_watch_callback(start, callback, range_end=end, start_revision=start_revision),
-            answered=False,
-        )
+        watch_id = self._call(lambda rpc: self._watches.add(start, end, start_revision, on_answer), answered=False)
+
         def cancel() -> None:
             if not self._gate.closed:  # a closed client's watches ended with its channel
-                self._call(lambda c: c.cancel_watch(watch_id), answered=False)
+                self._watches.cancel(watch_id)
 
         return cancel
 
@@ -294,8 +276,9 @@ class EtcdClient(Transactions):
         if not self._gate.close(self.options.timeout + 1.0):
             log.warning("etcd client left open: a request is still in flight after %g s", self.options.timeout)
             return
+        self._watches.close()
         try:
-            self._etcd.close()
+            self._rpc.close()
         except Exception:  # closing a broken channel must not hide the real error
             pass
 

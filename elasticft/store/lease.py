@@ -12,10 +12,8 @@ import logging
 import threading
 import time
 
-import grpc
-from pyetcd import etcdrpc
-
-from elasticft.store import pyetcd_seam
+from elasticft.store import etcd_api_pb2 as api
+from elasticft.store.etcd_rpc import LEASE_GRANT, LEASE_KEEP_ALIVE, LEASE_REVOKE
 from elasticft.store.errors import StoreError
 from elasticft.store.outage import is_unavailable
 
@@ -39,10 +37,10 @@ class Lease:
         """A new lease of the same TTL in this object, e.g. after ``lost``: whoever holds the
         object writes under the new one from now on. Raises StoreError."""
         old = getattr(self, "id", None)
-        self._lease = self._client._call(lambda c: c.lease(self.ttl))
+        granted = self._client._call(lambda rpc: rpc.call(LEASE_GRANT, api.LeaseGrantRequest(TTL=self.ttl)))
         if old is not None:
             self._client._keeper.forget(old)  # if it still lives, it ends on its own
-        self.id: int = self._lease.id
+        self.id: int = granted.ID
         self.refreshed_at = time.monotonic()  # when etcd last confirmed the lease (monotonic)
         self.lost.clear()
         self._client._keeper.add(self)
@@ -54,7 +52,7 @@ class Lease:
         sent = time.monotonic()
         per_member = timeout / max(1, self._client._members)  # a request may try every member in turn
         try:
-            granted = self._client._call(lambda c: _keep_alive(c, [self.id], per_member))
+            granted = self._client._call(lambda rpc: _keep_alive(rpc, [self.id], per_member))
         except StoreError:
             return False
         if granted.get(self.id, 0) <= 0:
@@ -65,21 +63,16 @@ class Lease:
     def revoke(self) -> None:
         self._client._keeper.remove(self)
         try:
-            self._client._call(lambda c: self._lease.revoke())
+            self._client._call(lambda rpc: rpc.call(LEASE_REVOKE, api.LeaseRevokeRequest(ID=self.id)))
         except StoreError as exc:  # the TTL ends it anyway
             log.warning("could not revoke etcd lease %x: %s", self.id, exc)
 
 
-def _keep_alive(c, ids: list[int], timeout: float | None = None) -> dict[int, int]:
+def _keep_alive(rpc, ids: list[int], timeout: float | None = None) -> dict[int, int]:
     """One LeaseKeepAlive stream carrying every id; lease id -> TTL etcd granted (<= 0: gone)."""
-    requests = [etcdrpc.LeaseKeepAliveRequest(ID=i) for i in ids]
-    try:
-        answers = c.leasestub.LeaseKeepAlive(iter(requests), timeout or c.timeout, credentials=c.call_credentials,
-                                             metadata=c.metadata)
-        return {answer.ID: answer.TTL for answer in answers}
-    except grpc.RpcError as exc:
-        pyetcd_seam.manage_grpc_errors(c, exc)  # pyetcd's own mapping: fails the endpoint over, raises its error
-        raise
+    requests = [api.LeaseKeepAliveRequest(ID=i) for i in ids]
+    answers = rpc.stream(LEASE_KEEP_ALIVE, iter(requests), timeout or rpc.timeout)
+    return {answer.ID: answer.TTL for answer in answers}
 
 
 class LeaseKeeper:
@@ -136,7 +129,7 @@ class LeaseKeeper:
     def _refresh(self, leases: dict[int, Lease]) -> None:
         sent = time.monotonic()
         try:
-            granted = self._client._call(lambda c: _keep_alive(c, list(leases)))
+            granted = self._client._call(lambda rpc: _keep_alive(rpc, list(leases)))
         except StoreError as exc:  # etcd away: its Outage says so, once
             log.log(logging.DEBUG if is_unavailable(exc) else logging.WARNING,
                     "could not refresh %d etcd lease(s): %s", len(leases), exc)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# pyetcd marks an endpoint failed after one UNAVAILABLE or DEADLINE_EXCEEDED answer and
-# refuses to use it for ``time_retry`` seconds (300 by default): a client of a single
-# etcd would be dead for five minutes after one lost request. Try it again after this.
+# With several members, one found down (UNAVAILABLE, or DEADLINE_EXCEEDED) is passed over for
+# this long (etcd_rpc.Members): long enough not to send every request to a dead member first,
+# short enough that a member back from a restart takes requests again at once.
 FAILED_ENDPOINT_RETRY = 1.0
 
 # gRPC waits up to 120 s (1 s, then x1.6 each try) before it reconnects to a server that went

@@ -7,16 +7,23 @@ from __future__ import annotations
 
 from typing import Callable
 
+from elasticft.store import etcd_api_pb2 as api
+from elasticft.store.etcd_requests import (
+    absent,
+    delete_op,
+    get_op,
+    modified_at,
+    none_in,
+    prefix_end,
+    put_op,
+    txn_op,
+    txn_request,
+)
+from elasticft.store.etcd_rpc import TXN
 from elasticft.store.lease import Lease
 from elasticft.store.records import KeyValue
 
-# etcd refuses a transaction of more operations than its --max-txn-ops (128 by default).
 MAX_TXN_OPS = 128
-
-
-def prefix_end(prefix: str) -> str:
-    """The first key after every key under ``prefix`` (etcd's range end for a prefix)."""
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 class Transactions:
@@ -26,58 +33,37 @@ class Transactions:
     def get(self, key: str) -> KeyValue | None:
         raise NotImplementedError
 
+    def _txn(self, compare: list, success: list, failure: list = ()) -> api.TxnResponse:
+        request = txn_request(compare, success, failure)
+        return self._call(lambda rpc: rpc.call(TXN, request))
+
     def put_and_delete(self, key: str, value: bytes | str, lease: Lease | None, delete: list[str]) -> int:
         """Put ``key`` and delete the keys in ``delete``, atomically (one request); the revision."""
-
-        def txn(c):
-            _, responses = c.transaction(
-                compare=[],
-                success=[c.transactions.put(key, value, lease.id if lease else None)]
-                + [c.transactions.delete(k) for k in delete],
-                failure=[],
-            )
-            return responses[0].response_put.header.revision
-
-        return self._call(txn)
+        answer = self._txn([], [put_op(key, value, lease.id if lease else None)] + [delete_op(k) for k in delete])
+        return answer.header.revision
 
     def put_unless_and_read(self, key: str, value: bytes | str, lease: Lease | None, unless: tuple[str, str],
                             read: tuple[str, str], claim: tuple[str, str]) -> tuple[int, list[KeyValue], bool] | None:
         """Put ``key`` unless some key lies in the range ``unless`` [start, end); in the same request
         create ``claim`` (key, value) if absent, then read the range ``read``: (the revision, the keys
         read, whether ``claim`` was created), or None when something lay in ``unless`` (nothing done)."""
-
-        def txn(c):
-            lease_id = lease.id if lease else None
-            ok, responses = c.transaction(
-                compare=[c.transactions.version(unless[0], range_end=unless[1]) == 0],  # a range: no key in it
-                success=[c.transactions.put(key, value, lease_id),
-                         c.transactions.txn([c.transactions.create(claim[0]) == 0],
-                                            [c.transactions.put(claim[0], claim[1], lease_id)], []),
-                         c.transactions.get(read[0], range_end=read[1])],
-                failure=[],
-            )
-            if not ok:
-                return None
-            return responses[0].response_put.header.revision, [
-                KeyValue(meta.key.decode(), kv_value, meta.mod_revision, meta.lease_id, meta.create_revision)
-                for kv_value, meta in responses[2]], responses[1].response_txn.succeeded
-
-        return self._call(txn)
+        lease_id = lease.id if lease else None
+        answer = self._txn([none_in(*unless)],
+                           [put_op(key, value, lease_id),
+                            txn_op([absent(claim[0])], [put_op(claim[0], claim[1], lease_id)]),
+                            get_op(read[0], read[1])])
+        if not answer.succeeded:
+            return None
+        kvs = answer.responses[2].response_range.kvs
+        return answer.header.revision, [
+            KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease, kv.create_revision) for kv in kvs
+        ], answer.responses[1].response_txn.succeeded
 
     def create(self, key: str, value: bytes | str, lease: Lease | None = None, delete: tuple[str, ...] = ()) -> bool:
         """Write ``key`` only if it does not exist (then also delete the keys in ``delete``,
         in the same transaction); True if this call created it."""
-
-        def txn(c):
-            ok, _ = c.transaction(
-                compare=[c.transactions.create(key) == 0],
-                success=[c.transactions.put(key, value, lease.id if lease else None)]
-                + [c.transactions.delete(k) for k in delete],
-                failure=[],
-            )
-            return ok
-
-        return self._call(txn)
+        success = [put_op(key, value, lease.id if lease else None)] + [delete_op(k) for k in delete]
+        return self._txn([absent(key)], success).succeeded
 
     def compare_and_swap(
         self, key: str, expected_revision: int | None, value: bytes | str
@@ -87,25 +73,12 @@ class Transactions:
         Returns (swapped, current): on success ``current`` is the new key-value; on
         failure it is what the key holds now, so the caller can retry from it.
         """
-
-        def txn(c):
-            if expected_revision is None:
-                compare = [c.transactions.create(key) == 0]
-            else:
-                compare = [c.transactions.mod(key) == expected_revision]
-            ok, responses = c.transaction(
-                compare=compare,
-                success=[c.transactions.put(key, value), c.transactions.get(key)],
-                failure=[c.transactions.get(key)],
-            )
-            ranges = [r for r in responses if isinstance(r, list)]
-            items = ranges[-1] if ranges else []
-            if not items:
-                return ok, None
-            v, meta = items[0]
-            return ok, KeyValue(key, v, meta.mod_revision, meta.lease_id)
-
-        return self._call(txn)
+        compare = absent(key) if expected_revision is None else modified_at(key, expected_revision)
+        answer = self._txn([compare], [put_op(key, value), get_op(key)], [get_op(key)])
+        kvs = answer.responses[-1].response_range.kvs
+        if not kvs:
+            return answer.succeeded, None
+        return answer.succeeded, KeyValue(key, kvs[0].value, kvs[0].mod_revision, kvs[0].lease)
 
     def update(self, key: str, change: Callable[[bytes | None], bytes | str]) -> bytes | str:
         """Read-modify-write ``key`` atomically: ``change(current value or None)`` is written
@@ -121,12 +94,7 @@ class Transactions:
     def put_many(self, items: list[tuple[str, bytes | str]]) -> None:
         """Write every (key, value), in transactions of at most MAX_TXN_OPS puts, in order."""
         for start in range(0, len(items), MAX_TXN_OPS):
-            batch = items[start:start + MAX_TXN_OPS]
-            self._call(
-                lambda c, batch=batch: c.transaction(
-                    compare=[], success=[c.transactions.put(k, v) for k, v in batch], failure=[]
-                )
-            )
+            self._txn([], [put_op(k, v) for k, v in items[start:start + MAX_TXN_OPS]])
 
     def delete_if_unchanged(self, key: str, mod_revision: int) -> bool:
         """Delete ``key`` only if its mod_revision is still ``mod_revision``; True if this call deleted it."""
@@ -136,22 +104,11 @@ class Transactions:
                                  keys: tuple[str, ...] = ()) -> bool:
         """Delete ``key``, every key under ``prefixes`` and ``keys``, in one transaction, only
         if ``key``'s mod_revision is still ``mod_revision``; True if this call deleted them."""
-
-        def txn(c):
-            ok, _ = c.transaction(
-                compare=[c.transactions.mod(key) == mod_revision],
-                success=[c.transactions.delete(key)]
-                + [c.transactions.delete(p, range_end=prefix_end(p)) for p in prefixes]
-                + [c.transactions.delete(k) for k in keys],
-                failure=[],
-            )
-            return ok
-
-        return self._call(txn)
+        success = ([delete_op(key)] + [delete_op(p, prefix_end(p)) for p in prefixes]
+                   + [delete_op(k) for k in keys])
+        return self._txn([modified_at(key, mod_revision)], success).succeeded
 
     def delete_keys(self, keys: list[str]) -> None:
         """Delete every key in ``keys``, in transactions of at most MAX_TXN_OPS deletes."""
         for start in range(0, len(keys), MAX_TXN_OPS):
-            batch = keys[start:start + MAX_TXN_OPS]
-            self._call(lambda c, batch=batch: c.transaction(
-                compare=[], success=[c.transactions.delete(k) for k in batch], failure=[]))
+            self._txn([], [delete_op(k) for k in keys[start:start + MAX_TXN_OPS]])
