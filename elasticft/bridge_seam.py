@@ -11,7 +11,10 @@ nowhere else:
 * ``SITES``: each call site (module, function, parameters), and the modules that import it by
   name (``pretrain.py`` has its own ``train``: replacing ``train.py``'s attribute alone is not
   enough);
-* ``problems()``: what the installed Bridge lacks of them, in words;
+* ``problems()``: what the installed Bridge lacks of them, in words, one line each: the sites, the
+  ConfigContainer's fields, GlobalState's paths, the names ``train`` unpacks ``train_step``'s
+  result into, and ``save_checkpoint``'s call of ``dist_checkpointing.save`` (the mode's launch
+  check, ``megatron_bridge/mode.py``);
 * ``replace(site, make)``: the one place a Bridge function is swapped for a wrapper.
 
 ``tests/megatron_bridge/test_bridge_seam.py`` checks every site against the installed Bridge, so
@@ -21,8 +24,11 @@ Bridge's.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib
+import inspect
+import textwrap
 from typing import Callable
 
 import elasticft.versions as versions
@@ -32,6 +38,7 @@ TRAIN = "megatron.bridge.training.train"
 PRETRAIN = "megatron.bridge.training.pretrain"
 CHECKPOINTING = "megatron.bridge.training.checkpointing"
 SETUP = "megatron.bridge.training.setup"
+STATE = "megatron.bridge.training.state"
 
 
 SITES = {
@@ -65,10 +72,16 @@ SITES = {
 CHECKPOINT_NAME = Site("megatron.bridge.training.utils.checkpoint_utils", "get_checkpoint_name",
                        ("checkpoints_path", "iteration"))
 # A memory snapshot is Bridge's own save, stopped where it hands the state to megatron-core's
-# dist_checkpointing.save (megatron_seam.DIST_SAVE, looked up on the package at call time).
+# dist_checkpointing.save: eft swaps the package's function for the call (megatron_seam.swapped),
+# so save_checkpoint must look it up on the package at call time, and pass it by keyword the
+# options a snapshot keeps for the load (``problems``: ``_hand_off``). The same site as
+# megatron_seam.DIST_SAVE, named here too: this seam stands on nothing of eft's above the ground.
 SAVE_CHECKPOINT = Site(CHECKPOINTING, "save_checkpoint", (
     "state", "model", "optimizer", "opt_param_scheduler", "num_floating_point_operations_so_far",
     "checkpointing_context", "train_data_iterator"))
+SNAPSHOT_OPTIONS = ("content_metadata", "preprocess_common_before_consistancy_check")
+DIST_SAVE = Site("megatron.core.dist_checkpointing", "save",
+                 ("sharded_state_dict", "checkpoint_dir", *SNAPSHOT_OPTIONS))
 # Beside the tensors Bridge's load reads two files rank 0 writes after them (names in contract.memory).
 TRAIN_STATE_FILE = Site("megatron.bridge.training.utils.checkpoint_utils", "get_checkpoint_train_state_filename",
                         ("checkpoints_path",))
@@ -78,7 +91,15 @@ RUN_CONFIG_FILE = Site("megatron.bridge.training.utils.checkpoint_utils", "get_c
 NEEDS_PARAM_SYNC = Site(TRAIN, "should_disable_forward_pre_hook", (
     "use_megatron_fsdp", "use_distributed_optimizer", "overlap_param_gather"))
 PARAM_SYNC = Site(TRAIN, "force_param_sync", ("model", "optimizer"))
-CALLED = (CHECKPOINT_NAME, SAVE_CHECKPOINT, TRAIN_STATE_FILE, RUN_CONFIG_FILE, NEEDS_PARAM_SYNC, PARAM_SYNC)
+CALLED = (CHECKPOINT_NAME, SAVE_CHECKPOINT, DIST_SAVE, TRAIN_STATE_FILE, RUN_CONFIG_FILE, NEEDS_PARAM_SYNC, PARAM_SYNC)
+
+# The items of train_step's result eft reads (worker/loop_duties.py, LoopDuties._step), by the
+# names Bridge's train() unpacks them into, at their positions. Checked in train()'s source, not in
+# train_step's signature: 0.6.2's return annotation says 7 items where it returns 8 (nothing runs
+# an annotation, so it drifts), and its docstring is prose; the unpacking is code Bridge runs every
+# iteration, which must agree with what train_step returns for Bridge itself to work, and eft's
+# wrapper sits exactly between the two.
+TRAIN_STEP_READS = {"loss_dict": 0, "should_exit": 3, "exit_code": 4, "grad_norm": 5}
 
 # The ConfigContainer's fields eft reads or sets (dotted: section.field).
 TP = "model.tensor_model_parallel_size"
@@ -113,10 +134,14 @@ CONFIG_FIELDS = (TP, PP, SAVE_DIR, LOAD_DIR, SAVE_INTERVAL, TRAIN_ITERS, EXIT_IN
                  ASYNC_SAVE, DISTRIBUTED_OPTIMIZER, FULLY_RESHARDABLE, CKPT_FORMAT, CKPT_STEP, FINETUNE, PRETRAINED, LOAD_OPTIM,
                  LOAD_RNG, NON_PERSISTENT_TYPE, NON_PERSISTENT_DIR, SAVE_TOKENIZER, OVERLAP_PARAM_GATHER, MEGATRON_FSDP)
 # GlobalState: the iteration the loop has finished (train_state.step), the loop's counters (a
-# TrainState: its state_dict() is what train_state.pt holds), and the config.
+# TrainState: its state_dict() is what train_state.pt holds), and the config (a ConfigContainer,
+# whose to_yaml() writes run_config.yaml).
 STEP = "train_state.step"
 TRAIN_STATE = "train_state"
+TRAIN_STATE_DICT = "train_state.state_dict"
 CONFIG = "cfg"
+STATE_PATHS = (CONFIG, TRAIN_STATE, STEP, TRAIN_STATE_DICT)
+TO_YAML = "to_yaml"
 
 
 class BridgeSeamError(versions.SeamError):
@@ -132,11 +157,24 @@ def installed_version() -> str | None:
 
 
 def problems() -> list[str]:
-    """What the installed Bridge lacks of the sites and fields eft uses (empty: all there); a module
-    that imported a site's function by name and now holds another is one (``seam_sites.missing``)."""
-    found = missing((*SITES.values(), *CALLED))
+    """What the installed Bridge lacks of what eft uses at run time, one line each (empty: all there):
+    the sites (a module that imported a site's function by name and now holds another is one:
+    ``seam_sites.missing``), the ConfigContainer's fields, GlobalState's paths, the names train()
+    unpacks train_step's result into, and save_checkpoint's hand-off to dist_checkpointing.save.
+    The mode's launch check: a name that moved is refused here, not found at the first step or
+    snapshot in mid-training (and again after every restart)."""
+    return [*missing((*SITES.values(), *CALLED)), *_config(), *_state(), *_step_result(), *_hand_off()]
+
+
+def _config() -> list[str]:
+    """The ConfigContainer's sections and fields eft reads or sets, and its ``to_yaml``."""
+    found = []
     try:
         config = importlib.import_module("megatron.bridge.training.config")
+        container = config.ConfigContainer.__dataclass_fields__
+        for section in dict.fromkeys([d.split(".")[0] for d in CONFIG_FIELDS] + [FT, INPROCESS_RESTART]):
+            if section not in container:
+                found.append(f"ConfigContainer has no field {section}")
         for dotted in CONFIG_FIELDS:
             section, field = dotted.split(".")
             holder = {"model": "GPTModelProvider"}.get(section)
@@ -148,13 +186,83 @@ def problems() -> list[str]:
                 found.append(f"{cls.__name__} has no field {field} ({dotted})")
         if FT_ENABLED not in config.FaultToleranceConfig.__dataclass_fields__:
             found.append(f"FaultToleranceConfig has no field {FT_ENABLED}")
-        if INPROCESS_RESTART not in config.ConfigContainer.__dataclass_fields__:
-            found.append(f"ConfigContainer has no field {INPROCESS_RESTART}")
         if INPROCESS_ENABLED not in config.InProcessRestartConfig.__dataclass_fields__:
             found.append(f"InProcessRestartConfig has no field {INPROCESS_ENABLED}")
+        if not callable(getattr(config.ConfigContainer, TO_YAML, None)):
+            found.append(f"ConfigContainer has no {TO_YAML}() (a memory snapshot's run_config.yaml)")
     except (ImportError, AttributeError) as exc:
         found.append(f"megatron.bridge.training.config: {exc}")
     return found
+
+
+def _state() -> list[str]:
+    """``STATE_PATHS`` on a fresh GlobalState of Bridge's: one line per attribute gone, with the
+    paths that went with it. The config is None until setup sets it: its fields are ``_config``'s."""
+    try:
+        state = importlib.import_module(STATE).GlobalState()
+    except (ImportError, AttributeError, TypeError) as exc:
+        return [f"{STATE}.GlobalState: {exc}"]
+    gone: dict[str, list[str]] = {}
+    for dotted in STATE_PATHS:
+        obj, parts = state, dotted.split(".")
+        for depth, part in enumerate(parts, 1):
+            if obj is None:
+                break
+            try:
+                obj = getattr(obj, part)
+            except AttributeError:
+                gone.setdefault(".".join(parts[:depth]), []).append(dotted)
+                break
+    return [f"{STATE}.GlobalState has no {path} (eft reads {', '.join(paths)})" for path, paths in gone.items()]
+
+
+def _source(site: Site) -> tuple[Callable, ast.AST]:
+    """The function at ``site`` (the original, under eft's wrapper) and its parsed source."""
+    target = inspect.unwrap(function(site))
+    return target, ast.parse(textwrap.dedent(inspect.getsource(target)))
+
+
+def _step_result() -> list[str]:
+    """Whether train() unpacks train_step's result into ``TRAIN_STEP_READS``'s names at their positions."""
+    site, reads = SITES["train"], ", ".join(f"{name} at {at}" for name, at in TRAIN_STEP_READS.items())
+    try:
+        _, tree = _source(site)
+    except (ImportError, AttributeError, OSError, TypeError, SyntaxError) as exc:
+        return [f"{site}: its source cannot be read to check train_step's result, of which eft reads {reads} ({exc})"]
+    unpackings = [[getattr(item, "id", "?") for item in node.targets[0].elts] for node in ast.walk(tree)
+                  if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)
+                  and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+                  and node.value.func.id.endswith("train_step")]
+    if not unpackings:
+        return [f"{site} no longer unpacks train_step's result into names; eft reads {reads}"]
+    return [f"{site} unpacks train_step's result as ({', '.join(names)}); eft reads {reads}" for names in unpackings
+            if any(at >= len(names) or names[at] != name for name, at in TRAIN_STEP_READS.items())]
+
+
+def _hand_off() -> list[str]:
+    """Whether save_checkpoint calls ``DIST_SAVE`` as an attribute of its package (a module global or
+    a local import: what a snapshot swaps), passing it ``SNAPSHOT_OPTIONS`` by keyword. A call moved
+    into a helper is reported too: a false alarm costs a line at launch and a look at this seam, a
+    miss a failed snapshot at every restart."""
+    try:
+        save, tree = _source(SAVE_CHECKPOINT)
+        package = importlib.import_module(DIST_SAVE.module)
+    except (ImportError, AttributeError, OSError, TypeError, SyntaxError) as exc:
+        return [f"{SAVE_CHECKPOINT}: its source cannot be read to check its call of {DIST_SAVE} ({exc})"]
+    parent, _, last = DIST_SAVE.module.rpartition(".")
+    local = {alias.asname or alias.name for node in ast.walk(tree) for alias in getattr(node, "names", ())
+             if (isinstance(node, ast.ImportFrom) and node.module == parent and alias.name == last)
+             or (isinstance(node, ast.Import) and alias.name == DIST_SAVE.module and alias.asname)}
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+             and node.func.attr == DIST_SAVE.name and isinstance(node.func.value, ast.Name)
+             and (node.func.value.id in local or save.__globals__.get(node.func.value.id) is package)]
+    if not calls:
+        return [f"{SAVE_CHECKPOINT} no longer calls {DIST_SAVE} on its package, where a memory snapshot takes the "
+                f"state (it swaps the package's function)"]
+    passed = {keyword.arg for call in calls for keyword in call.keywords}
+    absent = [option for option in SNAPSHOT_OPTIONS if option not in passed]
+    return [f"{SAVE_CHECKPOINT} no longer passes {DIST_SAVE} {', '.join(absent)}, which a memory snapshot keeps "
+            f"for the load"] if absent else []
 
 
 def replace(name: str, make: Callable[[Callable], Callable]) -> Callable:

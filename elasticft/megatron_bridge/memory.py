@@ -93,14 +93,13 @@ class BridgeMemory:
             seam.function(seam.PARAM_SYNC)(model, optimizer=optimizer)  # the parameters are behind
 
         def intercept(sharded_state_dict, checkpoint_dir, *args, **kwargs):
-            options = {k: kwargs[k] for k in ("content_metadata", "preprocess_common_before_consistancy_check")
-                       if kwargs.get(k) is not None}
+            options = {k: kwargs[k] for k in seam.SNAPSHOT_OPTIONS if kwargs.get(k) is not None}
             raise Captured(sharded_state_dict, options)
 
         request = None
         # Bridge's save names its directory after checkpoint.save (rank 0 creates it): the snapshot's.
         with seam.overridden(config, {seam.SAVE_DIR: self.tier.dir, seam.ASYNC_SAVE: False}), \
-                megatron_seam.swapped(megatron_seam.DIST_SAVE, intercept), contextlib.redirect_stdout(io.StringIO()):
+                megatron_seam.swapped(seam.DIST_SAVE, intercept), contextlib.redirect_stdout(io.StringIO()):
             try:
                 seam.function(seam.SAVE_CHECKPOINT)(
                     state, model, optimizer, call["opt_param_scheduler"],
@@ -110,7 +109,7 @@ class BridgeMemory:
                 request = captured.request
         if request is None:
             raise seam.BridgeSeamError(f"{seam.SAVE_CHECKPOINT} returned without calling "
-                                       f"{megatron_seam.DIST_SAVE}; eft's Bridge seam needs updating")
+                                       f"{seam.DIST_SAVE}; eft's Bridge seam needs updating")
         if _rank() == 0:
             self._write_train_state(state, config, call["num_floating_point_operations_so_far"],
                                     Path(seam.function(seam.CHECKPOINT_NAME)(self.tier.dir, iteration)))
@@ -121,12 +120,12 @@ class BridgeMemory:
         import torch
 
         path.mkdir(parents=True, exist_ok=True)
-        train_state = seam.get(state, seam.TRAIN_STATE).state_dict()
+        train_state = seam.get(state, seam.TRAIN_STATE_DICT)()
         train_state["floating_point_operations_so_far"] = torch.tensor(flops, dtype=torch.float32)
         torch.save(train_state, seam.function(seam.TRAIN_STATE_FILE)(str(path)))
         run_config = Path(seam.function(seam.RUN_CONFIG_FILE)(str(path)))
         if self._run_config is None:
-            config.to_yaml(str(run_config))
+            getattr(config, seam.TO_YAML)(str(run_config))
             self._run_config = run_config.read_bytes()
         else:
             run_config.write_bytes(self._run_config)

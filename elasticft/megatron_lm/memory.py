@@ -35,8 +35,17 @@ log = logging.getLogger(__name__)
 SNAPSHOT_FORMAT = "torch_dist"
 
 
-class Captured(Exception):
-    """Raised from the intercepted ``dist_checkpointing.save``: Megatron's save stops there."""
+class Captured(BaseException):
+    """Raised from the intercepted ``dist_checkpointing.save``: Megatron's (or Bridge's) save stops there.
+
+    A BaseException, as KeyboardInterrupt and SystemExit are, not an Exception: it is not an error
+    but the way out of a save eft runs to take its state, and it must reach ``_capture``'s
+    ``except Captured`` through whatever lies between. A broad ``except Exception`` in the
+    library's save path (a logging wrapper, a fallback, a release that adds one) would otherwise
+    swallow it: the save would return as if done, and every snapshot would fail in mid-training.
+    eft's own ``except BaseException`` handlers never see it: they are on the snapshot's copy and
+    write threads and the resume's loads, none of them inside the intercepted save.
+    """
 
     def __init__(self, state: dict, options: dict):
         super().__init__("captured")

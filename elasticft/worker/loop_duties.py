@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 # Megatron's rerun state machine's exit statuses: resume to disambiguate, failed validation.
 RERUN_EXIT_CODES = (16, 17)
+# The items of train_step's result eft reads, by position: the same in both loops (Bridge's seam
+# checks at launch that the installed train() unpacks them under these names: TRAIN_STEP_READS).
+LOSS_DICT, SHOULD_EXIT, EXIT_CODE, GRAD_NORM = 0, 3, 4, 5
 
 
 class LoopDuties:
@@ -99,11 +102,12 @@ class LoopDuties:
         if self.injector is not None and self.injector.acts_on_losses:  # --eft-inject nan/poison/corrupt
             args, kwargs = (), {**call, "forward_step_func": poisoned(self.injector, call["forward_step_func"], step)}
         result = list(original(*args, **kwargs))
-        loss_dict, should_exit, exit_code, grad_norm = result[0], result[3], result[4], result[5]
+        loss_dict, should_exit = result[LOSS_DICT], result[SHOULD_EXIT]
+        exit_code, grad_norm = result[EXIT_CODE], result[GRAD_NORM]
         self._loss = scalar(loss_dict.get("lm loss")) if loss_dict else None
         self._grad_norm = scalar(grad_norm)
         if should_exit and exit_code in RERUN_EXIT_CODES:
-            result[4] = self._rerun_verdict(step, exit_code)
+            result[EXIT_CODE] = self._rerun_verdict(step, exit_code)
         return tuple(result)
 
     def _rerun_verdict(self, step: int, exit_code: int) -> int:

@@ -228,3 +228,41 @@ def test_eft_doctor_gives_a_newer_minor_the_modes_own_verdict(monkeypatch):
     expected, _ = seam.version_status("0.20.0")
     assert f"0.20.0  {expected} for the Megatron-LM mode: " in line
     assert (expected is Support.UNTESTED) == (real >= (0, 19))
+
+
+def _save_that_swallows_every_exception(iteration, model, optimizer, opt_param_scheduler,
+                                        num_floating_point_operations_so_far, checkpointing_context=None, **kwargs):
+    """Megatron's save_checkpoint as a release (or a site's wrapper) may write it: the hand-off to
+    dist_checkpointing.save inside a broad ``except Exception`` that logs and goes on."""
+    from megatron.core import dist_checkpointing
+
+    try:
+        dist_checkpointing.save({"weights": "sharded"}, f"{seam.function(seam.GET_ARGS)().save}/iter_{iteration}",
+                                content_metadata={"layout": "tp1"},
+                                preprocess_common_before_consistancy_check=kwargs["preprocess_common_state_dict_fn"])
+    except Exception as exc:  # noqa: BLE001 - the point of the test
+        print(f"save failed: {exc}; training goes on")
+
+
+def test_a_snapshot_takes_its_state_through_a_save_path_that_catches_every_exception(monkeypatch, tmp_path):
+    """eft's capture stops Megatron's save where it hands the state to dist_checkpointing.save; a
+    broad ``except Exception`` between the two must not swallow it, where it used to end every
+    snapshot in mid-training with "returned without calling"."""
+    from types import SimpleNamespace
+
+    from elasticft.megatron_lm.memory import MegatronMemory
+
+    margs = SimpleNamespace(save=str(tmp_path / "ckpt"), async_save=False, dataloader_save=None)
+    monkeypatch.setattr(importlib.import_module(seam.GET_ARGS.module), "_GLOBAL_ARGS", margs)
+    monkeypatch.setattr(importlib.import_module(seam.NEEDS_PARAM_SYNC.module), seam.NEEDS_PARAM_SYNC.name,
+                        lambda args: False)  # no --overlap-param-gather: not what is under test
+    monkeypatch.setattr(importlib.import_module(seam.SAVE_CHECKPOINT.module), seam.SAVE_CHECKPOINT.name,
+                        _save_that_swallows_every_exception)
+    memory = MegatronMemory.__new__(MegatronMemory)  # the tier itself is not under test: its directory only
+    memory.tier, memory._context = SimpleNamespace(dir=str(tmp_path / "mem")), {}
+    request = memory._capture({"iteration": 1, "model": [SimpleNamespace()], "optimizer": None,
+                               "opt_param_scheduler": None, "num_floating_point_operations_so_far": 0})
+    assert request.state == {"weights": "sharded"}
+    assert request.options == {"content_metadata": {"layout": "tp1"},
+                               "preprocess_common_before_consistancy_check": seam.function(seam.PREPROCESS_COMMON)}
+    assert margs.save == str(tmp_path / "ckpt")  # the job's own, put back
