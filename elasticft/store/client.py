@@ -291,7 +291,7 @@ def connect(options: StoreOptions, check: bool = True, probe: bool = False) -> E
         try:
             client.ping()
         except StoreUnavailable as exc:
-            refused = tls_error_behind(exc, options)  # waiting would not mend it
+            refused = tls_error_behind(options)  # waiting would not mend it
             if refused is None:
                 raise
             client.close()

@@ -1,50 +1,53 @@
-"""What a TLS refusal by etcd looks like through gRPC, and the one line that names it.
+"""Whether an 'unreachable' etcd is one that refuses eft's TLS, and the one line that says so.
 
 gRPC reports a failed handshake, or a client certificate etcd rejects, as UNAVAILABLE, the
 code of an etcd that is down: without this, eft would wait its join timeout for an etcd
-that answers but will never let it in.
+that answers but will never let it in. gRPC's words for it change with every release
+(grpcio 1.51 "Endpoint read failed", 1.62 "Unwrap failed", 1.73 "Secure read failed"), and
+under TLS 1.3 the refusal of a client certificate comes after the handshake, as an alert; so
+eft asks etcd itself: one TLS handshake of its own with the same files, and a read for the
+alert. Only when a client's first request found etcd unreachable (``connect``).
 """
 
 from __future__ import annotations
 
-import grpc
+import socket
+import ssl
 
 from elasticft.store.errors import StoreError
 from elasticft.store.options import StoreOptions
 
-
-# gRPC's words for a TLS failure, across its versions: a handshake that failed on either side,
-# or the connection etcd ends once the handshake is over, under TLS 1.3, when it refuses the
-# client's certificate (grpcio 1.62: "Unwrap failed"; 1.73: "Secure read failed"; 1.85: "Unwrap
-# failed (TSI_DATA_CORRUPTED)"). Looked for only when a client first connects (connect()).
-_TLS_WORDS = ("TSI_", "andshake", "CERTIFICATE", "SSL_ERROR", "Unwrap failed", "Secure read failed")
+ALERT_WAIT = 1.0  # seconds to wait for etcd's alert after the handshake; none: etcd took the certificate
 
 
-def tls_refusal(exc: BaseException) -> str | None:
-    """gRPC's words for the TLS failure behind an 'unreachable' etcd, if that is what it was."""
-    while exc is not None:
-        if isinstance(exc, grpc.RpcError) and hasattr(exc, "details"):
-            details = exc.details() or ""
-            if any(word in details for word in _TLS_WORDS):
-                return details
-        exc = exc.__cause__ or exc.__context__
+def tls_refusal(options: StoreOptions) -> str | None:
+    """OpenSSL's reason when an endpoint of ``options`` refuses a TLS connection made with its
+    files (None: none answered, or every one that did let eft in)."""
+    context = ssl.create_default_context(cafile=options.cacert)
+    if options.cert:
+        try:
+            context.load_cert_chain(options.cert, options.key)
+        except (OSError, ssl.SSLError) as exc:
+            return f"cannot load cert {options.cert} with key {options.key}: {exc}"
+    for host, port in options.parsed_endpoints():
+        try:
+            with socket.create_connection((host, port), timeout=max(options.connect_timeout, 1.0)) as raw, \
+                    context.wrap_socket(raw, server_hostname=host) as tls:
+                tls.settimeout(ALERT_WAIT)
+                tls.recv(1)  # etcd speaks first only to refuse (an alert); a gRPC server waits
+        except ssl.SSLError as exc:
+            return exc.reason or str(exc)
+        except OSError:  # refused, timed out, reset: down, or let in (no alert within ALERT_WAIT)
+            continue
     return None
 
 
-def _short(details: str) -> str:
-    """The reason alone: gRPC's prefix (the addresses it tried) off."""
-    reason = details.rpartition("last error: ")[2]
-    for marker in ("Ssl handshake failed: ", "Tls handshake failed ", "Unwrap failed", "Secure read failed"):
-        if marker in reason:
-            return reason[reason.index(marker):].removesuffix(": OK")
-    return reason.rpartition(": ")[2] or reason
-
-
-def tls_error(options: StoreOptions, details: str) -> StoreError:
-    where, reason = f"etcd at {options.endpoints}", _short(details)
-    if "CERTIFICATE_VERIFY_FAILED" in details:
-        return StoreError(f"{where}: its TLS server certificate is not signed by cacert {options.cacert} "
-                          f"(CERTIFICATE_VERIFY_FAILED)")
+def tls_error(options: StoreOptions, reason: str) -> StoreError:
+    where = f"etcd at {options.endpoints}"
+    if "CERTIFICATE_VERIFY_FAILED" in reason:
+        return StoreError(f"{where}: its TLS server certificate is not signed by cacert {options.cacert} ({reason})")
+    if reason.startswith("cannot load"):
+        return StoreError(f"{where}: TLS: {reason}")
     if not options.cert:
         return StoreError(f"{where} refused the TLS connection ({reason}): it wants a client certificate, "
                           f"and none is given (--rdzv-conf cert=...,key=...)")
@@ -52,7 +55,9 @@ def tls_error(options: StoreOptions, details: str) -> StoreError:
                       f"signed by a CA that etcd trusts (its --trusted-ca-file)?")
 
 
-def tls_error_behind(unavailable: StoreError, options: StoreOptions) -> StoreError | None:
+def tls_error_behind(options: StoreOptions) -> StoreError | None:
     """The one-line error for a TLS refusal that gRPC reported as an unreachable etcd, or None."""
-    details = tls_refusal(unavailable) if options.cacert else None
-    return tls_error(options, details) if details is not None else None
+    if not options.cacert:
+        return None
+    reason = tls_refusal(options)
+    return tls_error(options, reason) if reason is not None else None
