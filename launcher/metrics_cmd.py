@@ -74,7 +74,12 @@ def targets_command(
     if not watch:
         client = connect_run(_fail, endpoint, etcd_timeout)
         try:
-            typer.echo(_write(output, render(file_sd(_records(client, prefix, run)))), nl=False)
+            records = _records(client, prefix, run)
+            groups = file_sd(records)
+            typer.echo(_write(output, render(groups)), nl=False)
+            if records and not groups:  # the run is there, its agents serve nothing: say why it is empty
+                typer.echo(f"eft metrics targets: {len(records)} running agent(s), none serves /metrics: start "
+                           "eft-run with --eft-metrics-port 0 (a free port) or a port of yours", err=True)
         except StoreError as exc:
             _fail(str(exc))
         finally:

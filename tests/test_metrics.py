@@ -265,3 +265,12 @@ def test_targets_follow_the_node_records_and_leave_out_the_nodes_that_left(etcd,
                           etcd_server.endpoint, "--run-id", run_keys.run_id, "--watch"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--watch: expected --output" in bad.stderr
+
+
+def test_targets_of_a_run_whose_agents_serve_no_metrics_say_why_they_are_empty(etcd, run_keys, etcd_server):
+    # the README's demo before it served metrics: an empty list, and nothing to tell a port was missing
+    etcd.put(run_keys.node("n0"), NodeRecord("n0", "h0", "h0", 1).to_json())
+    done = subprocess.run([sys.executable, "-m", "launcher.cli", "metrics", "targets", "--endpoint",
+                           etcd_server.endpoint, "--run-id", run_keys.run_id], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and json.loads(done.stdout) == [], done.stderr
+    assert "1 running agent(s), none serves /metrics" in done.stderr and "--eft-metrics-port" in done.stderr

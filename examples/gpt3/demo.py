@@ -60,7 +60,9 @@ def agent(endpoint: str, run_id: str, out: Path, args, name: str, faults: str) -
            "--nproc-per-node", str(getattr(args, "procs", 2)),
            "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
            "--eft-node-id", name, "--eft-health-interval", "0.5", "--max-restarts", "1",
-           "--eft-mem-ckpt-interval", str(0 if args.no_memory else args.mem_ckpt_interval)]
+           "--eft-mem-ckpt-interval", str(0 if args.no_memory else args.mem_ckpt_interval),
+           # /metrics on a free loopback port, for `eft metrics targets` and a Prometheus beside the demo
+           "--eft-metrics-port", "0", "--eft-metrics-host", "127.0.0.1"]
     if not getattr(args, "cold_workers", False):
         # restarts start in interpreters that imported torch and megatron-core ahead of need
         # (train.py declares gpt_preload: no --eft-preload)
