@@ -27,7 +27,7 @@ from elasticft.store.errors import (
     one_line,
     watch_error,
 )
-from elasticft.store.etcd_requests import delete_request, prefix_end, put_request, range_request
+from elasticft.store.etcd_requests import delete_request, key_value, prefix_end, put_request, range_request
 from elasticft.store.etcd_rpc import MEMBER_DOWN_CODES, Members, NoMemberAvailable
 from elasticft.store.etcd_watch import Watches, WatchCompacted, WatchNotCreated
 from elasticft.store.lease import Lease, LeaseKeeper
@@ -42,10 +42,6 @@ log = logging.getLogger(__name__)
 
 OnEvents = Callable[[list[WatchEvent]], None]  # a watch's changes, from the client's watch thread
 OnError = Callable[[Exception], None]  # why a watch ended (a StoreError)
-
-
-def _key_value(kv: api.KeyValue) -> KeyValue:
-    return KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease, kv.create_revision)
 
 
 class EtcdClient(Transactions):
@@ -150,12 +146,12 @@ class EtcdClient(Transactions):
     def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         """All keys under ``prefix`` and the store revision they were read at."""
         response = self._range(prefix, prefix_end(prefix))
-        return [_key_value(kv) for kv in response.kvs], response.header.revision
+        return [key_value(kv) for kv in response.kvs], response.header.revision
 
     def get_range(self, start: str, end: str) -> tuple[list[KeyValue], int]:
         """All keys in [start, end) and the store revision they were read at."""
         response = self._range(start, end)
-        return [_key_value(kv) for kv in response.kvs], response.header.revision
+        return [key_value(kv) for kv in response.kvs], response.header.revision
 
     def count_range(self, start: str, end: str, revision: int | None = None) -> tuple[int, int]:
         """How many keys lie in [start, end) (at ``revision``, else now), and the revision read at.
@@ -192,7 +188,7 @@ class EtcdClient(Transactions):
         """The first ``limit`` keys under ``prefix`` in key order (at ``revision``, else now), with their values."""
         response = self._range(prefix, prefix_end(prefix), limit=limit, sort_order="ascend", sort_target="key",
                                revision=revision)
-        return [_key_value(kv) for kv in response.kvs]
+        return [key_value(kv) for kv in response.kvs]
 
     def status(self) -> StoreStatus:
         """What the member answering says: its database's size, the revision, the leader's name."""
@@ -290,7 +286,7 @@ def connect(options: StoreOptions, check: bool = True, probe: bool = False) -> E
     if check:
         try:
             client.ping()
-        except StoreUnavailable as exc:
+        except StoreUnavailable:
             refused = tls_error_behind(options)  # waiting would not mend it
             if refused is None:
                 raise

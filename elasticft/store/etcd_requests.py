@@ -4,10 +4,16 @@ as [key, range_end), and a transaction's comparisons and operations."""
 from __future__ import annotations
 
 from elasticft.store import etcd_api_pb2 as api
+from elasticft.store.records import KeyValue
 
 _SORT_ORDER = {None: api.RangeRequest.NONE, "ascend": api.RangeRequest.ASCEND, "descend": api.RangeRequest.DESCEND}
 _SORT_TARGET = {None: api.RangeRequest.KEY, "key": api.RangeRequest.KEY, "create": api.RangeRequest.CREATE,
                 "mod": api.RangeRequest.MOD}
+
+
+def key_value(kv: api.KeyValue) -> KeyValue:
+    """etcd's key-value as eft's record."""
+    return KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease, kv.create_revision)
 
 
 def to_bytes(text: bytes | str) -> bytes:

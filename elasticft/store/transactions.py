@@ -12,6 +12,7 @@ from elasticft.store.etcd_requests import (
     absent,
     delete_op,
     get_op,
+    key_value,
     modified_at,
     none_in,
     prefix_end,
@@ -55,9 +56,7 @@ class Transactions:
         if not answer.succeeded:
             return None
         kvs = answer.responses[2].response_range.kvs
-        return answer.header.revision, [
-            KeyValue(kv.key.decode(), kv.value, kv.mod_revision, kv.lease, kv.create_revision) for kv in kvs
-        ], answer.responses[1].response_txn.succeeded
+        return answer.header.revision, [key_value(kv) for kv in kvs], answer.responses[1].response_txn.succeeded
 
     def create(self, key: str, value: bytes | str, lease: Lease | None = None, delete: tuple[str, ...] = ()) -> bool:
         """Write ``key`` only if it does not exist (then also delete the keys in ``delete``,
