@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from bench.launch import wait_for
 from elasticft.contract.run_dir import write_atomically
 from elasticft.worker import CheckpointDir, Hook
+from tests import forked
 
 # -- the agent's side of the relay ---------------------------------------------------------
 
@@ -91,8 +91,8 @@ def job(tmp_path: Path, ranks: int = 4, shared_run_dir: bool = False, **kwargs) 
 def start(spec: Job):
     """Fork the ranks; returns torch's ProcessContext (``join()`` until it says True)."""
     init = spec.root / "init"
-    return mp.start_processes(_rank_main, args=(spec, str(init)), nprocs=spec.ranks,
-                              join=False, start_method="fork")
+    return forked.start_processes(_rank_main, args=(spec, str(init)), nprocs=spec.ranks,
+                              join=False)
 
 
 def run(spec: Job, timeout: float = 30) -> list[dict]:

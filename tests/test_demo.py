@@ -73,7 +73,7 @@ def test_dying_gpu_is_saved_before_its_node_is_lost(demo, reference, tmp_path):
     with PrometheusServer(tmp_path / "prometheus") as prometheus, TargetsWatch(prometheus) as watch:
         result, facts, story = scenario(demo, tmp_path, during=watch.during, agent_flags=METRICS_FLAGS,
                                         no_memory=False, mem_ckpt_interval=5)
-        assert_prometheus_saw_the_story(prometheus, watch, result)
+        assert_prometheus_saw_the_story(prometheus, watch, result, LOSE_AT)
     assert facts["detections"] and facts["detections"][0][0].startswith("node1/")
     assert facts["emergency_checkpoint"] in (DEGRADE_AT, DEGRADE_AT + 1)
     assert facts["lost_nodes"] == ["node1"]

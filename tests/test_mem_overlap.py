@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from elasticft.contract.run_dir import OutboxKind
+from tests import forked
 from tests.gloo_job import take_outbox
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "gpt3"
@@ -159,7 +159,7 @@ def run(root: Path, mode: str) -> list[dict]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(rank_main, args=(str(root), port, mode), nprocs=RANKS, start_method="fork")
+    forked.start_processes(rank_main, args=(str(root), port, mode), nprocs=RANKS)
     return [json.loads((root / f"result{r}.json").read_text()) for r in range(RANKS)]
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from elasticft.contract.numerics import NUMERICS_FILE, ROLLBACK_FILE, Cause, NumericFault, NumericKind, NumericsState
 from elasticft.worker.loss_rules import from_bits, judge, rerun_cause, same_numbers, spike_level, to_bits
+from tests import forked
 from tests.gloo_job import finish, take_outbox
 
 RANKS = 2
@@ -118,7 +118,7 @@ class Job:
         """One generation; rank 0's result, with ``events`` (its outbox's verdicts)."""
         self.generations += 1
         gen = Generation(self.root, self.generations, first, last, bad or {}, self.env, self.save_interval)
-        finish(mp.start_processes(_rank_main, args=(gen,), nprocs=RANKS, join=False, start_method="fork"), 60)
+        finish(forked.start_processes(_rank_main, args=(gen,), nprocs=RANKS, join=False), 60)
         results = [gen.result(r) for r in range(RANKS)]
         assert results[0] == results[1], "the ranks disagree"
         events = [m for m in take_outbox(gen.run_dir(0)) if m["type"] == "numerics"]

@@ -25,6 +25,7 @@ from elasticft.worker.cadence import CAP, VoteCadence
 from elasticft.worker.inject import FaultInjector
 from elasticft.worker.memory import MemoryCheckpoints
 from elasticft.worker.tree_max import group_max
+from tests import forked
 from tests.gloo_job import finish, job, run, start, take_outbox
 
 def cadenced(tmp_path, **kwargs):
@@ -68,7 +69,7 @@ def test_a_rank_killed_after_the_vote_decided_a_save_leaves_nothing_marked_compl
 
 @pytest.mark.parametrize("ranks", [3, 6])
 def test_the_tree_exchange_is_the_max_over_every_rank(tmp_path, ranks):
-    mp.start_processes(_tree_rank, args=(ranks, str(tmp_path)), nprocs=ranks, join=True, start_method="fork")
+    forked.start_processes(_tree_rank, args=(ranks, str(tmp_path)), nprocs=ranks, join=True)
     values = [_values(r) for r in range(ranks)]
     expected = [max(column) for column in zip(*values)]
     assert [(tmp_path / f"{r}.txt").read_text() for r in range(ranks)] == [repr(expected)] * ranks
@@ -132,7 +133,7 @@ def test_a_bad_loss_held_at_the_loops_end_is_rolled_back_not_saved_by_the_loops_
     for case, bad, inside in (("after", 11, False), ("inside", 11, True), ("good", None, False)):
         root = tmp_path / case
         root.mkdir()
-        mp.start_processes(_held_rank, args=(str(root), bad, inside), nprocs=2, join=True, start_method="fork")
+        forked.start_processes(_held_rank, args=(str(root), bad, inside), nprocs=2, join=True)
         outcomes[case] = [json.loads((root / f"rank{rank}.json").read_text()) for rank in range(2)]
     for case in ("after", "inside"):
         assert [(o["saved"], o["exit"]) for o in outcomes[case]] == [(None, 0)] * 2, case

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from elasticft.contract.memory import (
     ITEMS_SUFFIX,
@@ -28,6 +27,7 @@ from elasticft.contract.memory import (
     is_shard_file,
 )
 from elasticft.contract.run_dir import OutboxKind, write_atomically
+from tests import forked
 from tests.gloo_job import take_outbox
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "gpt3"
@@ -83,8 +83,7 @@ def fresh_store(root: Path) -> None:
 
 def run(root: Path, iterations: int = 6, interval: int = 2) -> list[dict]:
     fresh_store(root)
-    mp.start_processes(rank_main, args=(str(root), iterations, interval), nprocs=RANKS,
-                       start_method="fork")
+    forked.start_processes(rank_main, args=(str(root), iterations, interval), nprocs=RANKS)
     return [json.loads((root / f"result{r}.json").read_text()) for r in range(RANKS)]
 
 
@@ -216,7 +215,7 @@ def saves_main(rank: int, root: str, iterations: int) -> None:
 
 def run_saves(root: Path, iterations: int = 9) -> list[dict]:
     fresh_store(root)
-    mp.start_processes(saves_main, args=(str(root), iterations), nprocs=RANKS, start_method="fork")
+    forked.start_processes(saves_main, args=(str(root), iterations), nprocs=RANKS)
     return [json.loads((root / f"result{r}.json").read_text()) for r in range(RANKS)]
 
 
