@@ -101,8 +101,8 @@ def status(
 
 
 def _memory(client, keys: RunKeys) -> dict | None:
-    """The memory tier's newest iteration that the running nodes can restore (None: tier off)."""
-    summary = memory_summary(MemIndex(client, keys).parts(), set(running_nodes(client, keys)))
+    """The memory tier's newest iteration that the live nodes (spares too) can restore (None: tier off)."""
+    summary = memory_summary(MemIndex(client, keys).parts(), set(running_nodes(client, keys, spares=True)))
     if summary is not None:
         summary["age_s"] = time.time() - summary.pop("time") if summary.get("time") else None
     return summary

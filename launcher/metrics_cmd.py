@@ -41,7 +41,7 @@ def _records(client: EtcdClient, prefix: str, run_id: str | None) -> dict[tuple[
         runs = {parts[0] for key in client.keys_with_prefix(prefix.rstrip("/") + "/")
                 if (parts := node_key_parts(key, prefix))}
     return {(run, node): record for run in sorted(runs)
-            for node, record in running_nodes(client, RunKeys(run, prefix)).items()}
+            for node, record in running_nodes(client, RunKeys(run, prefix), spares=True).items()}
 
 
 @metrics_app.command("targets")

@@ -112,8 +112,10 @@ def eft_job(request, tmp_path, run_keys):
 # servers and timers) stays locked in the child, which can then hang or crash (a gloo rank
 # segfaulted in init_process_group in 1 CI run). The modules that fork gloo ranks
 # (start_method="fork") run first, before any test has made such a thread; those that
-# leave the most behind run last.
-RUN_FIRST = ("test_worker_hook.py", "test_worker_memory.py", "test_numerics_worker.py", "test_mem_overlap.py")
+# leave the most behind run last; and they fork through tests/forked.py, which keeps the
+# child's garbage collector off what it inherited (a gRPC channel freed in a child aborts it).
+RUN_FIRST = ("test_worker_hook.py", "test_worker_memory.py", "test_numerics_worker.py", "test_mem_overlap.py",
+             "test_vote_cadence.py")
 RUN_LAST = ("test_rendezvous_torch_contract.py",)
 
 

@@ -72,6 +72,7 @@ from elasticft.agent.replan import RoundPlanner
 from elasticft.agent.restart_budget import BudgetExhausted, RestartBudget, failed_result
 from elasticft.agent.segments import StopRecorder
 from elasticft.agent.services import AgentServices, WorkerProbe
+from elasticft.agent import spares
 from elasticft.agent.warm_pool import WarmPool
 from elasticft.config import Settings, env_name
 from elasticft.contract.events import EventKind
@@ -79,8 +80,7 @@ from elasticft.contract.phases import RestartPhase
 from elasticft.contract.progress import read_progress
 from elasticft.contract.records import layout_record
 from elasticft.contract.run_dir import TrainingLoop, WorkerEnv
-from elasticft.rendezvous.backend import (hold_joins, rendezvous_revision, rendezvous_round, share_node_lease,
-                                          stand_aside_if_cut)
+from elasticft.rendezvous.backend import hold_joins, rendezvous_revision, rendezvous_round, stand_aside_if_cut
 from elasticft.slurm.worker_env import slurm_worker_env
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ class FTElasticAgent(LocalElasticAgent):
                 self._etcd, self._settings.ft.node_id, host, spec.local_world_size, self._settings.ft.lease_ttl,
                 self._run_dir, self._settings.memory.domain(), self._metrics.address)
             self._ctx.record(EventKind.NODE_JOINED, host=self._ctx.node.record.host, gpus=spec.local_world_size)
-            share_node_lease(spec.rdzv_handler, self._ctx.node, self._ctx.membership)  # one lease, one watch
+            spares.attach(spec.rdzv_handler, self._ctx)  # one lease, one watch; a spare's record says so
             hold_joins(spec.rdzv_handler, JoinGate.for_agent(self._settings, self._ctx, spec.args))  # --eft-join-at
             self._ctx.client.outage.on_recovered(lambda seconds, failed: self._ctx.record(
                 EventKind.ETCD_UNAVAILABLE, seconds=round(seconds, 1), failed_requests=failed))
@@ -257,7 +257,8 @@ class FTElasticAgent(LocalElasticAgent):
         if ctx is not None:
             # A node that left as a straggler left before this round: its departure,
             # seen while the round formed, calls for no further restart.
-            ctx.membership.forget_non_members(rendezvous_revision(worker_group.spec.rdzv_handler))
+            handler = worker_group.spec.rdzv_handler
+            ctx.membership.forget_non_members(rendezvous_revision(handler), rendezvous_round(handler))
             if self._planner is None and worker_group.group_rank == 0:
                 # No model to plan for: still tell `eft top` what this round looks like.
                 self._rounds += 1

@@ -34,6 +34,7 @@ from elasticft.contract.phases import stamps_from_json
 from elasticft.contract.events import EventKind
 from elasticft.contract.numerics import NumericKind
 from elasticft.contract.progress import SECTIONS, read_progress
+from elasticft.contract.records import NodeState
 from elasticft.contract.restarts import RestartRecord
 from elasticft.memckpt import MemoryTier
 from elasticft.metrics.board import MetricsBoard
@@ -146,7 +147,8 @@ class MetricsService:
             return Readings(run="", node="", now=time.time())
         ctx, now = parts.ctx, time.time()
         readings = Readings(run=ctx.keys.run_id, node=ctx.node_id, now=now, local_workers=parts.local_workers(),
-                            world_size=parts.world_size() or 0, etcd_up=ctx.client.outage.since is None)
+                            world_size=parts.world_size() or 0, etcd_up=ctx.client.outage.since is None,
+                            spare=ctx.node.record.state is NodeState.SPARE)
         self._health(readings, parts.services)
         self._heartbeats(readings, parts.stops())
         self._job_records(readings, ctx)

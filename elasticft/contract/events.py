@@ -34,6 +34,13 @@ class EventKind(enum.StrEnum):
     NODE_FENCED = "node_fenced"
     # The source leaves the job at a restart; ranks (its stragglers), reason, remaining_nodes (None: unknown).
     NODE_EXCLUDED = "node_excluded"
+    # The source waits as a spare (hot standby) in rendezvous round `round`: the round before formed full.
+    SPARE_WAITING = "spare_waiting"
+    # The source, a spare, is a member of rendezvous round `round` (it takes a lost member's place).
+    SPARE_PROMOTED = "spare_promoted"
+    # A spare's lease expired while it waited; the members went on without a restart. node, host, round
+    # (the one it waited in); recorded by one member (the lowest node id).
+    SPARE_LOST = "spare_lost"
     # Rank 0's agent published the planner's layout for a round; tp, pp, dp, used, world_size, spare (ranks).
     LAYOUT = "layout"
     # The members hold a node that waits to join until the next checkpoint (--eft-join-at save), recorded by
@@ -122,6 +129,7 @@ NOTIFIED_KINDS = frozenset({
     EventKind.MEM_CKPT_PAUSED, EventKind.MEM_CKPT_LAG, EventKind.ROLLBACK, EventKind.TRANSIENT_FAULT,
     EventKind.DATA_SKIPPED, EventKind.NODE_SUSPECT,
     EventKind.NO_PROGRESS, EventKind.RESTART_BUDGET_EXHAUSTED, EventKind.ETCD_UNAVAILABLE, EventKind.NODE_FENCED,
+    EventKind.SPARE_PROMOTED, EventKind.SPARE_LOST,
 })
 
 # Every event's own fields (time, source), and what the notifier adds (run, suppressed):
@@ -197,6 +205,10 @@ _LINES: dict[EventKind, Callable[[_Fields], str]] = {
     EventKind.NODE_EXCLUDED: lambda f: (
         f"node {f['source']} left the job at a restart: {f.event.get('reason') or 'straggler'} rank(s) {f['ranks']}; "
         f"{f['remaining_nodes']} node(s) go on"),
+    EventKind.SPARE_WAITING: lambda f: f"node {f['source']} waits as a spare (round {f['round']})",
+    EventKind.SPARE_PROMOTED: lambda f: f"spare node {f['source']} takes a lost member's place (round {f['round']})",
+    EventKind.SPARE_LOST: lambda f: (
+        f"spare node {f['node']} ({f['host']}) lost its lease while it waited; the job goes on without a restart"),
     EventKind.LAYOUT: lambda f: (
         f"new layout TP{f['tp']} x PP{f['pp']} x DP{f['dp']} on {f['used']} of {f['world_size']} GPUs"
         + _spare(f.event)),

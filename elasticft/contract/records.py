@@ -31,6 +31,9 @@ class NodeState(enum.StrEnum):
     RUNNING = "running"
     EXITED = "exited"  # left cleanly after its workers finished
     EXCLUDED = "excluded"  # leaving the job as a straggler (--eft-straggler-action exclude)
+    # Waiting to take a lost member's place: the round before the one it waits in formed full
+    # (``--nnodes``'s MAX; torch's redundancy list). Its loss is no member's: the job goes on.
+    SPARE = "spare"
 
 
 @dataclass
@@ -57,6 +60,9 @@ class NodeRecord:
     # The rendezvous round whose workers on this node last failed (-1: none): that round's other
     # members are waiting on dead ranks, and stop theirs with SIGKILL (agent/dead_peers.py).
     failed_round: int = -1
+    # The rendezvous round a spare (state ``spare``) waits in (-1: not a spare). The members of
+    # an earlier round lose nothing when it goes; a member of that round or a later one does.
+    spare_in: int = -1
 
     def __post_init__(self) -> None:
         self.state = NodeState(self.state)

@@ -200,5 +200,6 @@ _HANDLERS = {
     EventKind.ROLLBACK: _count(Metric.ROLLBACKS, "fault"),
     EventKind.WATCHDOG: _count(Metric.WATCHDOG_TRIPS, "check"),
     EventKind.NODE_LOST: _nodes_lost,
+    EventKind.SPARE_LOST: lambda board, _event: board.add(Metric.SPARES_LOST, (), 1.0),
     EventKind.ETCD_UNAVAILABLE: _etcd_back,
 }

@@ -74,6 +74,7 @@ class Metric(enum.Enum):
     PARALLEL_SIZE = _spec("parallel_size", Kind.GAUGE, (*NODE, "dim"),
                           "the round's layout: dim tp, pp or dp (the planner's TPxPPxDP)")
     LOCAL_WORKERS = _spec("local_workers", Kind.GAUGE, NODE, "worker processes running on the node")
+    SPARE = _spec("spare", Kind.GAUGE, NODE, "1 while the node waits as a spare (sum by run: the job's spares)")
     # -- progress, from the heartbeats the agent reads anyway
     ITERATION = _spec("iteration", Kind.GAUGE, (*NODE, "local_rank"),
                       "the newest iteration the node's rank has stepped (by local rank: stable across re-plans)")
@@ -128,6 +129,8 @@ class Metric(enum.Enum):
                       "re-runs of a bad iteration (nan, spike) the node's agent recorded")
     WATCHDOG_TRIPS = _spec("watchdog_trips", Kind.COUNTER, (*NODE, "check"), "watchdogs that tripped on the node")
     NODES_LOST = _spec("nodes_lost", Kind.COUNTER, NODE, "peers whose lease expired, as the node saw them")
+    SPARES_LOST = _spec("spares_lost", Kind.COUNTER, NODE,
+                        "spares whose lease expired while they waited (one member counts each for the job)")
     # -- etcd
     ETCD_UP = _spec("etcd_up", Kind.GAUGE, NODE, "1 while etcd answers the node's agent, 0 in an outage")
     ETCD_OUTAGE_SECONDS = _spec("etcd_outage_seconds", Kind.COUNTER, NODE,

@@ -46,6 +46,7 @@ class Readings:
     world_size: int | None = None
     layout: dict[str, int] = field(default_factory=dict)  # tp, pp, dp
     local_workers: int = 0
+    spare: bool = False  # the node waits as a spare (its record says so)
     ranks: list[RankReading] = field(default_factory=list)
     iterations_per_second: float | None = None
     restart_budget_remaining: int | None = None

@@ -21,10 +21,11 @@ def node_key_parts(key: str, prefix: str) -> tuple[str, str] | None:
 
 
 def file_sd(nodes: dict[tuple[str, str], NodeRecord]) -> list[dict]:
-    """The ``file_sd`` groups (one per node that serves metrics and runs), sorted by run and node."""
+    """The ``file_sd`` groups (one per node that serves metrics and runs or waits as a spare),
+    sorted by run and node."""
     groups = []
     for (run, node), record in sorted(nodes.items()):
-        if record.metrics and record.state is NodeState.RUNNING:
+        if record.metrics and record.state in (NodeState.RUNNING, NodeState.SPARE):
             groups.append({"targets": [record.metrics], "labels": {"run": run, "node": node}})
     return groups
 

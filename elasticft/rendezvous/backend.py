@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -222,12 +223,16 @@ def create_handler(params: RendezvousParameters, client: EtcdClient | None = Non
                                  outage_limit=options.etcd_outage_limit, probe_timeout=options.peer_probe_timeout)
 
 
-def share_node_lease(handler: RendezvousHandler, node: NodeLease, membership: Membership) -> None:
+def share_node_lease(handler: RendezvousHandler, node: NodeLease, membership: Membership,
+                     on_spare: Callable[[int, bool], None] | None = None) -> None:
     """Under eft's agent: the rendezvous keys go under the node's lease, and the rendezvous
     learns of lost members from the agent's membership watch instead of a watch of its own
-    (one keep-alive and one watch event per node, not two; ``round_lease``, ``member_losses``)."""
+    (one keep-alive and one watch event per node, not two; ``round_lease``, ``member_losses``).
+    ``on_spare(round, spare)`` hears when this node waits as a spare, and when it stops
+    (``standby.py``)."""
     if isinstance(handler, EtcdRendezvousHandler):
         handler.rounds.share_with_agent(node.lease, node.rejoin, membership.lost.is_set)
+        handler.rounds.standby.tell = on_spare
 
 
 def hold_joins(handler: RendezvousHandler, admission: Admission) -> None:

@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import (
@@ -49,6 +50,17 @@ class NodeLease:
         self.record.state = NodeState(state)
         self._client.put(self._key, self.record.to_json(), lease=self.lease)
 
+    def wait_as_spare(self, round_: int | None) -> bool:
+        """Say in the record that this node waits as a spare in rendezvous round ``round_``, or
+        (None) that it is a member again; True when the record changed. Raises StoreError."""
+        state, spare_in = (NodeState.SPARE, round_) if round_ is not None else (NodeState.RUNNING, -1)
+        if (self.record.state, self.record.spare_in) == (state, spare_in) or self.record.state not in (
+                NodeState.RUNNING, NodeState.SPARE):
+            return False
+        self.record.state, self.record.spare_in = state, spare_in
+        self._client.put(self._key, self.record.to_json(), lease=self.lease)
+        return True
+
     def workers_failed(self, round_: int) -> None:
         """Say in the record that this node's workers of rendezvous round ``round_`` failed; raises StoreError."""
         self.record.failed_round = round_
@@ -81,17 +93,30 @@ class NodeLease:
         self.lease.revoke()
 
 
-def running_nodes(client: EtcdClient, keys: RunKeys) -> dict[str, NodeRecord]:
-    """The members whose record says ``running``, read from etcd now (not a mirror)."""
+def running_nodes(client: EtcdClient, keys: RunKeys, spares: bool = False) -> dict[str, NodeRecord]:
+    """The nodes whose record says ``running`` (and ``spare`` with ``spares``), read from etcd now
+    (not a mirror)."""
     items, _ = client.get_prefix(keys.nodes)
     records: dict[str, NodeRecord] = {}
     for item in items:
         store_node_record(records, keys.nodes, item.key, item.value)
-    return {node: r for node, r in records.items() if r.state is NodeState.RUNNING}
+    wanted = (NodeState.RUNNING, NodeState.SPARE) if spares else (NodeState.RUNNING,)
+    return {node: r for node, r in records.items() if r.state in wanted}
+
+
+def is_member_loss(record: NodeRecord, round_: int) -> bool:
+    """Whether losing the node of ``record`` (its last record) loses a member of rendezvous round
+    ``round_``: any node but a spare that waits in a later round. A spare promoted into ``round_``
+    is a member even before its record says so (it is rewritten as the round forms, but its
+    lease outlives the rewrite by a TTL: the round number, not the state word, decides)."""
+    return not (record.state is NodeState.SPARE and record.spare_in > round_)
 
 
 class Membership:
-    """A live mirror of ``nodes/``; ``lost`` is set whenever a member is lost."""
+    """A live mirror of ``nodes/``; ``lost`` is set whenever a member is lost.
+
+    A spare's loss is no member's (``is_member_loss``): ``on_spare_lost`` hears of it instead.
+    """
 
     def __init__(self, client: EtcdClient, keys: RunKeys):
         self._client = client
@@ -103,6 +128,9 @@ class Membership:
         self._formed_at = 0  # the revision this node's round was formed at (forget_non_members)
         self._lost_at: dict[str, int] = {}  # node -> the revision its record went (watched)
         self._excluded_at: dict[str, int] = {}  # node -> revision its record said ``excluded`` (watched)
+        self._round = -1  # the rendezvous round this node is a member of (forget_non_members)
+        # Told of each spare lost (on the watch's thread: keep it short).
+        self.on_spare_lost: Callable[[NodeRecord], None] | None = None
         self.lost = threading.Event()
         self._closed = False
         self._cancel = None
@@ -122,10 +150,14 @@ class Membership:
         store_node_record(self._records, self._prefix, key, value)
 
     def _on_events(self, events: list[WatchEvent]) -> None:
+        spares: list[NodeRecord] = []
         with self._lock:
             for event in events:
                 for record in apply_node_events(self._records, self._prefix, [event]):
                     log.debug("node %s (%s) lost its lease", record.node_id, record.host)
+                    if not is_member_loss(record, self._round):
+                        spares.append(record)
+                        continue
                     self._lost[record.node_id] = record
                     self._lost_at[record.node_id] = event.revision
                     marked = self._excluded_at.pop(record.node_id, None)
@@ -136,6 +168,10 @@ class Membership:
                 node = event.key[len(self._prefix):]
                 if not event.deleted and node in self._records and self._records[node].state is NodeState.EXCLUDED:
                     self._excluded_at.setdefault(node, event.revision)
+        for record in spares:
+            log.info("spare node %s (%s) lost its lease; the members go on", record.node_id, record.host)
+            if self.on_spare_lost is not None:
+                self.on_spare_lost(record)
 
     def _on_error(self, exc: Exception) -> None:
         if self._closed:
@@ -157,6 +193,7 @@ class Membership:
         threading.Thread(target=resubscribe, name="eft-membership-resubscribe", daemon=True).start()
 
     def members(self) -> dict[str, NodeRecord]:
+        """Every node with a record, spares included."""
         with self._lock:
             return dict(self._records)
 
@@ -181,7 +218,12 @@ class Membership:
             self.lost.clear()
             return fresh
 
-    def forget_non_members(self, formed_at: int | None = None) -> None:
+    def spares(self) -> dict[str, NodeRecord]:
+        """The nodes waiting as spares (their records say ``spare``), from the watch."""
+        with self._lock:
+            return {n: r for n, r in self._records.items() if r.state is NodeState.SPARE}
+
+    def forget_non_members(self, formed_at: int | None = None, round_: int | None = None) -> None:
         """Drop the unreported departures of nodes that are no members of the round just formed.
 
         Called after a rendezvous round completed, ``formed_at`` the etcd revision its members
@@ -192,10 +234,13 @@ class Membership:
         node lost at or before ``formed_at`` (its record and its participant key go at one
         revision): it died while this node restarted, the round formed without it, and its loss
         calls for no second restart. A node lost after ``formed_at`` was a member: still a loss.
+        ``round_``: the number of that round (a spare waiting in a later one is no member).
         """
         with self._lock:
             if formed_at is not None:
                 self._formed_at = formed_at
+            if round_ is not None:
+                self._round = round_
 
             def member(record: NodeRecord) -> bool:
                 lost_at = self._lost_at.get(record.node_id)

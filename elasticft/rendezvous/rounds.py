@@ -46,6 +46,7 @@ from elasticft.rendezvous.held import Admission, HeldWait
 from elasticft.store.keyset import KeySet
 from elasticft.rendezvous.member_losses import AgentLosses, MemberLosses, ParticipantWatch
 from elasticft.rendezvous.round_lease import OwnLease, RoundLease, SharedLease
+from elasticft.rendezvous.standby import Standby
 from elasticft.rendezvous.round_types import MixedVersionError, OddOneOut, Round, RoundLimits  # noqa: F401 (theirs)
 from elasticft.store import EtcdClient, Lease, StoreError
 from elasticft.store.client import prefix_end
@@ -81,6 +82,7 @@ class Rounds:
         self.cas_losses = 0  # roles or decisions another node created first (bench figure)
         self.admission: Admission | None = None  # asked before newcomers count as waiting (held.py)
         self._held = HeldWait(node, limits.join_timeout)
+        self.standby = Standby()  # says when this node waits as a spare (standby.py)
 
     def _wake(self) -> None:
         with self._woken:
@@ -216,6 +218,7 @@ class Rounds:
                 formed = self._wait_for_decision(number, joined_at, deadline, leave_if)
                 if formed is not None:
                     self._current = formed  # what watches members' losses is made at the first waiting()
+                    self.standby.member(formed.number)
                     return formed
                 number, joined_at = max(number + 1, self._first_undecided(self._watch_control())), None
         except LeaseNotFound:
@@ -243,6 +246,7 @@ class Rounds:
                 seen = self._generation
                 control = self._watch_control()
                 self._check_run(control, waiting_in=number)
+                self.standby.waiting(number, self._spare(control, number))
                 deadline = self._held.deadline(number, control.get(self.keys.rdzv_held(number)), deadline)
                 if leave_if is not None and leave_if(control.snapshot()):
                     raise OddOneOut(number)

@@ -35,6 +35,8 @@ def layout(h: Header) -> str:
 
 def header_line(h: Header) -> str:
     nodes = f"{h.live_nodes} node{'s' if h.live_nodes != 1 else ''} up"
+    if h.spare_nodes:
+        nodes += f" ({len(h.spare_nodes)} spare: {', '.join(h.spare_nodes)})"
     if h.lost_nodes:
         nodes += f", {h.lost_nodes} lost"
     return f"{nodes} · {layout(h)} · {restarts(h)} · up {duration(h.uptime_s)}"

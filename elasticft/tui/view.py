@@ -95,6 +95,7 @@ class Header:
     threshold: float
     watch_error: str | None
     job_restarts: JobRestarts | None = None  # the job-wide restart record (None: no record yet)
+    spare_nodes: list[str] = field(default_factory=list)  # live nodes waiting as spares (records say ``spare``)
 
 
 @dataclass
@@ -211,7 +212,8 @@ def _lost_rows(state: RunState, events: list[tuple[int, dict]], now: float) -> t
             earlier.reported_by if earlier else None,
             _number(health[worst].get("score")) if worst is not None else None, worst,
         )
-        newest = max(newest or 0, seen.revision)
+        if seen.record.state is not NodeState.SPARE:  # a spare's loss restarts no one
+            newest = max(newest or 0, seen.revision)
     return [rows[n] for n in sorted(rows)], newest
 
 
@@ -296,7 +298,8 @@ def _state(state: RunState, events, newest_loss, checkpoints) -> tuple[str, str]
     if layout_revision is None:
         return "rendezvous", "no layout published yet (a job without the planner never publishes one)"
     waiting = [str(e.get("source")) for r, e in events
-               if e["kind"] == EventKind.NODE_JOINED and r > layout_revision and e.get("source") in state.nodes]
+               if e["kind"] == EventKind.NODE_JOINED and r > layout_revision and e.get("source") in state.nodes
+               and state.nodes[e["source"]].state is not NodeState.SPARE]  # a spare waits by design
     if waiting:
         return "rendezvous", f"{', '.join(waiting)} joined; waiting for the next round"
     return "training", "every live node is in the current layout; no checkpoint request open"
@@ -321,6 +324,7 @@ def build_view(state: RunState, now: float, settings: ViewSettings = ViewSetting
         layout_age_s=_layout_age(state, events, now),
         restarts=_restarts(events), uptime_s=_age(now, state.started), threshold=settings.threshold,
         job_restarts=_job_restarts(state.restarts),
+        spare_nodes=sorted(n for n, r in state.nodes.items() if r.state is NodeState.SPARE),
         watch_error=state.watch_error,
     )
     shown = events[-settings.events:] if settings.events > 0 else []

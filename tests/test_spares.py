@@ -1,0 +1,87 @@
+"""Spares (docs/spares.md): nodes beyond ``--nnodes``'s maximum wait as spares, say so, cost
+nothing when they die, and take a lost member's place at the same size.
+
+Real agents (eft-run) on the session's etcd, real gloo workers (tests/workers/allreduce_loop.py),
+faults by kill -9 of a whole node.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+
+import pytest
+from typer.testing import CliRunner
+
+from bench.launch import read_jsonl, wait_for
+from elasticft.agent.events import EventLog
+from elasticft.contract.events import EventKind
+from elasticft.contract.records import NodeRecord, NodeState
+from launcher.cli import app
+
+pytestmark = pytest.mark.slow
+
+
+def record(etcd, run_keys, node: str) -> NodeRecord | None:
+    item = etcd.get(run_keys.node(node))
+    return NodeRecord.from_json(item.value) if item is not None else None
+
+
+def events(etcd, run_keys, kind: EventKind) -> list[dict]:
+    return [e for e in EventLog(etcd, run_keys, "test").read() if e["kind"] == kind]
+
+
+def starts(out) -> list[dict]:
+    path = out / "starts.jsonl"
+    return read_jsonl(path) if path.exists() else []
+
+
+def test_a_spare_says_so_its_loss_costs_nothing_and_the_next_takes_a_lost_members_place(
+        tmp_path, eft_job, etcd, etcd_server, run_keys):
+    """Two members (``--nnodes 2:2``) and two spares. Both spares' records, ``eft status`` and the
+    events name them. Spare s0 is killed: no member restarts. Member m1 is killed: the job
+    restarts once, at the same size, with spare s1 in m1's place; its record says running."""
+    outs = {name: tmp_path / name for name in ("m0", "m1", "s0", "s1")}
+    nodes = {}
+    for name, out in outs.items():
+        out.mkdir()
+        nodes[name] = eft_job("allreduce_loop.py", out, nodes="2:2", name=name,
+                              eft_flags=["--eft-node-id", name, "--rdzv-conf", "join_timeout=300",
+                                         "--eft-metrics-port", "0", "--eft-metrics-host", "127.0.0.1"])
+        if name == "m1":
+            wait_for(lambda: starts(outs["m0"]) and starts(outs["m1"]), 120, "both members' workers to start")
+    for spare in ("s0", "s1"):
+        wait_for(lambda s=spare: (r := record(etcd, run_keys, s)) is not None and r.state is NodeState.SPARE, 120,
+                 f"{spare} to wait as a spare")
+    assert record(etcd, run_keys, "s1").spare_in == 1  # round 0 formed full: the spares wait in round 1
+    assert {e["source"] for e in events(etcd, run_keys, EventKind.SPARE_WAITING)} == {"s0", "s1"}
+    status = CliRunner().invoke(app, ["status", "--endpoint", etcd_server.endpoint, "--run-id", run_keys.run_id],
+                                env={"COLUMNS": "160"})
+    assert "4 nodes up (2 spare: s0, s1)" in status.output, status.output
+    assert "training" in status.output.splitlines()[0], status.output  # a spare is not a node waiting to join
+    targets = CliRunner().invoke(app, ["metrics", "targets", "--endpoint", etcd_server.endpoint,
+                                       "--run-id", run_keys.run_id])
+    assert {'"node": "s0"', '"node": "s1"'} <= set(re.findall(r'"node": "\w+"', targets.output)), targets.output
+    for name, spare in (("m0", 0), ("s1", 1)):  # sum by (run) (eft_spare): the job's spares
+        scraped = urllib.request.urlopen(f"http://{record(etcd, run_keys, name).metrics}/metrics", timeout=10).read()
+        assert re.search(rf'^eft_spare{{[^}}]*node="{name}"[^}}]*}} {spare}\.0$', scraped.decode(), re.M), name
+
+    nodes["s0"].kill_node()
+    wait_for(lambda: events(etcd, run_keys, EventKind.SPARE_LOST), 60, "a member to record the spare's loss")
+    (lost_spare,) = events(etcd, run_keys, EventKind.SPARE_LOST)
+    assert (lost_spare["node"], lost_spare["source"]) == ("s0", "m0")  # the lowest member speaks for the job
+
+    nodes["m1"].kill_node()
+    wait_for(lambda: starts(outs["s1"]), 120, "the spare's workers to start")
+    (promoted,) = events(etcd, run_keys, EventKind.SPARE_PROMOTED)
+    assert promoted["source"] == "s1"
+    assert record(etcd, run_keys, "s1").state is NodeState.RUNNING
+    for out in outs.values():
+        (out / "finish").touch()
+    assert nodes["m0"].wait(120) == 0, nodes["m0"].output()[-3000:]
+    assert nodes["s1"].wait(120) == 0, nodes["s1"].output()[-3000:]
+    # one restart for the member lost, none for the spare: the survivor started twice, each time at size 2
+    assert [s["world_size"] for s in starts(outs["m0"])] == [2, 2], starts(outs["m0"])
+    assert [s["world_size"] for s in starts(outs["s1"])] == [2]
+    assert [e["nodes"] for e in events(etcd, run_keys, EventKind.NODE_LOST)] == [["m1"]]
+    assert not starts(outs["s0"])
