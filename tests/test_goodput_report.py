@@ -50,6 +50,16 @@ def two_generations() -> list[dict]:
     ]
 
 
+def test_a_loss_a_spare_filled_is_named_a_swap():
+    """n2 waited as a spare and took n1's place: the failure says so (eft report's restart line)."""
+    events = two_generations()
+    events[2:2] = [ev(EventKind.NODE_JOINED, 0.0, "n2", host="c", gpus=2), ev(EventKind.SPARE_WAITING, 1.0, "n2", round=1)]
+    events.insert(next(i for i, e in enumerate(events) if e["kind"] == EventKind.RESTART) + 1,
+                  ev(EventKind.SPARE_PROMOTED, 19.0, "n2", round=1))
+    (failure,) = breakdown(events).failures
+    assert failure.cause == "node lost: n1 (spare n2 took its place)"
+
+
 def test_the_breakdown_adds_up_to_paid_time_category_by_category():
     report = breakdown(list(reversed(two_generations())))  # any order
     assert (report.wall, report.gpus) == (44.0, 4)

@@ -282,7 +282,10 @@ def _cause(events: list[dict], gen: Generation, acted: dict | None, following: G
     until = min(gen.stopped + 60.0, following.started) if following is not None else gen.stopped + 60.0
     lost = _first_after(events, {EventKind.NODE_LOST}, gen.last_beat, until)
     if lost is not None:
-        return "node lost: " + ", ".join(map(str, lost.get("nodes") or ["?"]))
+        spares = [str(e.get("source")) for e in events if e.get("kind") == EventKind.SPARE_PROMOTED
+                  and gen.last_beat <= _num(e.get("time"), 0.0) <= until]  # a swap: a spare took the place
+        return "node lost: " + ", ".join(map(str, lost.get("nodes") or ["?"])) + (
+            f" (spare {', '.join(spares)} took its place)" if spares else "")
     if acted is not None and acted.get("kind") == EventKind.HANG:
         return f"hang: rank {acted.get('rank')} in {acted.get('section')}"
     restart = _first_after(events, {EventKind.RESTART}, gen.last_beat, until)
