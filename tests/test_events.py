@@ -27,6 +27,7 @@ WIRE = {
     "NO_PROGRESS": "no_progress", "RESTART_BUDGET_EXHAUSTED": "restart_budget_exhausted",
     "ETCD_UNAVAILABLE": "etcd_unavailable", "JOIN_HELD": "join_held", "JOIN_LET_IN": "join_let_in",
     "SPARE_WAITING": "spare_waiting", "SPARE_PROMOTED": "spare_promoted", "SPARE_LOST": "spare_lost",
+    "SPARE_UNFIT": "spare_unfit",
 }
 
 # One event of each kind with the fields its writer records (values as the writers make them).
@@ -39,6 +40,7 @@ SAMPLES = {
     EventKind.SPARE_WAITING: {"round": 1},
     EventKind.SPARE_PROMOTED: {"round": 2},
     EventKind.SPARE_LOST: {"node": "s0", "host": "host-s0", "round": 1},
+    EventKind.SPARE_UNFIT: {"why": "GPU 0 risk 1.00 >= the trigger 0.80"},
     EventKind.LAYOUT: {"tp": 2, "pp": 1, "dp": 4, "used": 8, "world_size": 12, "spare": [8, 9, 10, 11]},
     EventKind.RESTART: {"reason": "hang", "remaining_restarts": 2, "max_restarts": 3},
     EventKind.CKPT_REQUEST: {"request_id": "abc123", "reason": "risk", "requester": "n0/gpu1", "exit": True,
@@ -164,7 +166,7 @@ def test_the_notified_set_is_what_the_notifier_sends(tmp_path):
         EventKind.MEM_CKPT_PAUSED, EventKind.MEM_CKPT_LAG, EventKind.ROLLBACK, EventKind.TRANSIENT_FAULT,
         EventKind.DATA_SKIPPED, EventKind.NODE_SUSPECT,
         EventKind.NO_PROGRESS, EventKind.RESTART_BUDGET_EXHAUSTED, EventKind.ETCD_UNAVAILABLE, EventKind.NODE_FENCED,
-        EventKind.SPARE_PROMOTED, EventKind.SPARE_LOST,
+        EventKind.SPARE_PROMOTED, EventKind.SPARE_LOST, EventKind.SPARE_UNFIT,
     }
     out = tmp_path / "sent.jsonl"
     notifier = Notifier([Sink("file", str(out))], rate_limit=0)

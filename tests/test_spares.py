@@ -85,3 +85,43 @@ def test_a_spare_says_so_its_loss_costs_nothing_and_the_next_takes_a_lost_member
     assert [s["world_size"] for s in starts(outs["s1"])] == [2]
     assert [e["nodes"] for e in events(etcd, run_keys, EventKind.NODE_LOST)] == [["m1"]]
     assert not starts(outs["s0"])
+
+
+HEADER = ("timestamp,node,gpu,temperature_c,memory_used_mib,memory_total_mib,power_w,power_limit_w,"
+          "utilization_pct,ecc_corrected,ecc_uncorrected,rows_pending,throttle_reasons,xids,sm_clock_mhz,mem_clock_mhz")
+
+
+def pending_row_remap_trace(path, node: str, seconds: int = 600) -> str:
+    """A replayed GPU 0 of ``node`` with a row remap pending in every sample: risk 1.0 throughout."""
+    rows = [f"{1714564800 + i * 0.5:.3f},{node},0,60,1000,81559,300,700,0,0,0,1,0,,1980,2619" for i in range(seconds * 2)]
+    path.write_text("\n".join([HEADER, *rows]) + "\n")
+    return f"replay:{path}"
+
+
+def test_a_spare_at_risk_sits_out_and_the_job_replans_without_it(tmp_path, eft_job, etcd, run_keys):
+    """``--nnodes 1:2``: two members and a spare whose GPU has a row remap pending. The spare takes
+    its participant key out of the round it waits in (``spare_unfit``); a member is killed: the
+    survivor goes on alone (the re-plan of a job without a fit spare), the spare never starts."""
+    outs = {name: tmp_path / name for name in ("m0", "m1", "s0")}
+    for out in outs.values():
+        out.mkdir()
+    flags = ["--rdzv-conf", "join_timeout=300"]
+    nodes = {name: eft_job("allreduce_loop.py", outs[name], nodes="1:2", name=name,
+                           eft_flags=["--eft-node-id", name, *flags]) for name in ("m0", "m1")}
+    wait_for(lambda: starts(outs["m0"]) and starts(outs["m1"]), 120, "both members' workers to start")
+    health = pending_row_remap_trace(tmp_path / "s0.csv", "s0")
+    nodes["s0"] = eft_job("allreduce_loop.py", outs["s0"], nodes="1:2", name="s0", eft_flags=[
+        "--eft-node-id", "s0", "--eft-health-source", health, "--eft-health-interval", "0.5", *flags])
+    wait_for(lambda: events(etcd, run_keys, EventKind.SPARE_UNFIT), 120, "the spare to sit out")
+    (unfit,) = events(etcd, run_keys, EventKind.SPARE_UNFIT)
+    assert unfit["source"] == "s0" and "GPU 0 risk 1.00" in unfit["why"], unfit
+    assert record(etcd, run_keys, "s0").state is NodeState.SPARE
+    assert not etcd.keys_with_prefix(run_keys.rdzv_participants(1))  # nothing of it in the round it waited in
+
+    nodes["m1"].kill_node()
+    wait_for(lambda: len(starts(outs["m0"])) == 2, 120, "the survivor's workers to start again")
+    for out in outs.values():
+        (out / "finish").touch()
+    assert nodes["m0"].wait(120) == 0, nodes["m0"].output()[-3000:]
+    assert [s["world_size"] for s in starts(outs["m0"])] == [2, 1]
+    assert not starts(outs["s0"]) and not events(etcd, run_keys, EventKind.SPARE_PROMOTED)

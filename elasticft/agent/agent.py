@@ -158,7 +158,7 @@ class FTElasticAgent(LocalElasticAgent):
                 self._etcd, self._settings.ft.node_id, host, spec.local_world_size, self._settings.ft.lease_ttl,
                 self._run_dir, self._settings.memory.domain(), self._metrics.address)
             self._ctx.record(EventKind.NODE_JOINED, host=self._ctx.node.record.host, gpus=spec.local_world_size)
-            spares.attach(spec.rdzv_handler, self._ctx)  # one lease, one watch; a spare's record says so
+            spares.attach(spec.rdzv_handler, self._ctx, self._services)  # one lease, one watch; spares say so
             hold_joins(spec.rdzv_handler, JoinGate.for_agent(self._settings, self._ctx, spec.args))  # --eft-join-at
             self._ctx.client.outage.on_recovered(lambda seconds, failed: self._ctx.record(
                 EventKind.ETCD_UNAVAILABLE, seconds=round(seconds, 1), failed_requests=failed))

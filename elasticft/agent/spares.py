@@ -2,7 +2,7 @@
 
 A spare's own agent rewrites its record (state ``spare`` and the round it waits in) and records
 ``spare_waiting``; once a round takes it in, ``running`` again and ``spare_promoted``, both
-before its workers start. When a spare is lost, every member's membership watch hears of it
+before its workers start. A spare whose own GPUs are at risk sits out (``spare_unfit``). When a spare is lost, every member's membership watch hears of it
 and none restarts; the lowest live member's agent records ``spare_lost`` for the job.
 """
 
@@ -14,20 +14,39 @@ import threading
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 
 from elasticft.agent.context import AgentContext
+from elasticft.agent.services import AgentServices
 from elasticft.contract.events import EventKind
 from elasticft.contract.records import NodeRecord, NodeState
+from elasticft.health.sampler import HealthSampler
 from elasticft.rendezvous.backend import share_node_lease
 from elasticft.store import StoreError
 
 log = logging.getLogger(__name__)
 
 
-def attach(handler: RendezvousHandler, ctx: AgentContext) -> None:
+def attach(handler: RendezvousHandler, ctx: AgentContext, services: AgentServices) -> None:
     """Under eft's agent: the rendezvous shares the node's lease and membership watch
-    (``share_node_lease``) and tells this node's record when it waits as a spare; a spare's loss
-    is recorded once."""
-    share_node_lease(handler, ctx.node, ctx.membership, on_spare=lambda number, spare: _tell(ctx, number, spare))
+    (``share_node_lease``) and tells this node's record when it waits as a spare; a spare whose
+    own GPUs are at risk is unfit; a spare's loss is recorded once."""
+    standby = share_node_lease(handler, ctx.node, ctx.membership)
+    if standby is not None:
+        standby.tell = lambda number, spare: _tell(ctx, number, spare)
+        standby.unfit = lambda: unfit(services.sampler)
+        standby.tell_unfit = lambda why: ctx.record(EventKind.SPARE_UNFIT, why=why)
     ctx.membership.on_spare_lost = lambda record: _lost(ctx, record)
+
+
+def unfit(sampler: HealthSampler | None) -> str | None:
+    """Why a spare with this health must not be taken into a round: a GPU at or above the risk
+    trigger (the score that asks members for an emergency save); None: fit, or no readings."""
+    if sampler is None:
+        return None
+    threshold = sampler.model.threshold
+    at_risk = [(score.score, gpu) for (_, gpu), (_, score) in sampler.latest.items() if score.score >= threshold]
+    if not at_risk:
+        return None
+    score, gpu = max(at_risk)
+    return f"GPU {gpu} risk {score:.2f} >= the trigger {threshold:.2f}"
 
 
 def _tell(ctx: AgentContext, number: int, spare: bool) -> None:

@@ -38,6 +38,9 @@ class EventKind(enum.StrEnum):
     SPARE_WAITING = "spare_waiting"
     # The source, a spare, is a member of rendezvous round `round` (it takes a lost member's place).
     SPARE_PROMOTED = "spare_promoted"
+    # The source, a spare, left the rendezvous while its own GPUs are at risk, so that no round takes it in;
+    # why. It comes back (spare_waiting) once fit.
+    SPARE_UNFIT = "spare_unfit"
     # A spare's lease expired while it waited; the members went on without a restart. node, host, round
     # (the one it waited in); recorded by one member (the lowest node id).
     SPARE_LOST = "spare_lost"
@@ -129,7 +132,7 @@ NOTIFIED_KINDS = frozenset({
     EventKind.MEM_CKPT_PAUSED, EventKind.MEM_CKPT_LAG, EventKind.ROLLBACK, EventKind.TRANSIENT_FAULT,
     EventKind.DATA_SKIPPED, EventKind.NODE_SUSPECT,
     EventKind.NO_PROGRESS, EventKind.RESTART_BUDGET_EXHAUSTED, EventKind.ETCD_UNAVAILABLE, EventKind.NODE_FENCED,
-    EventKind.SPARE_PROMOTED, EventKind.SPARE_LOST,
+    EventKind.SPARE_PROMOTED, EventKind.SPARE_LOST, EventKind.SPARE_UNFIT,
 })
 
 # Every event's own fields (time, source), and what the notifier adds (run, suppressed):
@@ -207,6 +210,7 @@ _LINES: dict[EventKind, Callable[[_Fields], str]] = {
         f"{f['remaining_nodes']} node(s) go on"),
     EventKind.SPARE_WAITING: lambda f: f"node {f['source']} waits as a spare (round {f['round']})",
     EventKind.SPARE_PROMOTED: lambda f: f"spare node {f['source']} takes a lost member's place (round {f['round']})",
+    EventKind.SPARE_UNFIT: lambda f: f"spare node {f['source']} sits out: {f['why']}",
     EventKind.SPARE_LOST: lambda f: (
         f"spare node {f['node']} ({f['host']}) lost its lease while it waited; the job goes on without a restart"),
     EventKind.LAYOUT: lambda f: (

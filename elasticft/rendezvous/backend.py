@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -37,6 +36,7 @@ from elasticft.rendezvous.handler import (
 from elasticft.rendezvous.held import Admission
 from elasticft.rendezvous.membership import Membership, NodeLease
 from elasticft.rendezvous.rounds import RoundLimits, Rounds
+from elasticft.rendezvous.standby import Standby
 from elasticft.store import EtcdClient, StoreOptions, StoreUnavailable, connect
 from elasticft.store.c10d_store import EtcdStore
 from elasticft import torch_seam
@@ -223,16 +223,15 @@ def create_handler(params: RendezvousParameters, client: EtcdClient | None = Non
                                  outage_limit=options.etcd_outage_limit, probe_timeout=options.peer_probe_timeout)
 
 
-def share_node_lease(handler: RendezvousHandler, node: NodeLease, membership: Membership,
-                     on_spare: Callable[[int, bool], None] | None = None) -> None:
+def share_node_lease(handler: RendezvousHandler, node: NodeLease, membership: Membership) -> Standby | None:
     """Under eft's agent: the rendezvous keys go under the node's lease, and the rendezvous
     learns of lost members from the agent's membership watch instead of a watch of its own
     (one keep-alive and one watch event per node, not two; ``round_lease``, ``member_losses``).
-    ``on_spare(round, spare)`` hears when this node waits as a spare, and when it stops
-    (``standby.py``)."""
+    Returns the node's ``Standby`` (``standby.py``: when it waits as a spare); None on another backend."""
     if isinstance(handler, EtcdRendezvousHandler):
         handler.rounds.share_with_agent(node.lease, node.rejoin, membership.lost.is_set)
-        handler.rounds.standby.tell = on_spare
+        return handler.rounds.standby
+    return None
 
 
 def hold_joins(handler: RendezvousHandler, admission: Admission) -> None:

@@ -46,7 +46,7 @@ from elasticft.rendezvous.held import Admission, HeldWait
 from elasticft.store.keyset import KeySet
 from elasticft.rendezvous.member_losses import AgentLosses, MemberLosses, ParticipantWatch
 from elasticft.rendezvous.round_lease import OwnLease, RoundLease, SharedLease
-from elasticft.rendezvous.standby import Standby
+from elasticft.rendezvous.standby import SitOut, Standby, after_full
 from elasticft.rendezvous.round_types import MixedVersionError, OddOneOut, Round, RoundLimits  # noqa: F401 (theirs)
 from elasticft.store import EtcdClient, Lease, StoreError
 from elasticft.store.client import prefix_end
@@ -82,7 +82,7 @@ class Rounds:
         self.cas_losses = 0  # roles or decisions another node created first (bench figure)
         self.admission: Admission | None = None  # asked before newcomers count as waiting (held.py)
         self._held = HeldWait(node, limits.join_timeout)
-        self.standby = Standby()  # says when this node waits as a spare (standby.py)
+        self.standby = Standby(limits.join_timeout)  # when this node waits as a spare (standby.py)
 
     def _wake(self) -> None:
         with self._woken:
@@ -128,8 +128,7 @@ class Rounds:
 
     def _spare(self, control: KeySet, number: int) -> bool:
         """Waiting in round ``number`` while the round before it formed full: torch's redundancy list."""
-        decided = control.get(self.keys.rdzv_decision(number - 1)) if number > 0 else None
-        return decided is not None and int(json.loads(decided)["size"]) >= self.limits.max_nodes
+        return after_full(control, self.keys, number, self.limits.max_nodes)
 
     def _first_undecided(self, control: KeySet) -> int:
         decided = [_round_of(k) for k in control.snapshot() if k.startswith(self.keys.rdzv_decisions)]
@@ -215,7 +214,13 @@ class Rounds:
             number = 0 if joined_at is not None else self._first_undecided(control)
             while True:
                 joined_at = joined_at or self._enter(number)
-                formed = self._wait_for_decision(number, joined_at, deadline, leave_if)
+                try:
+                    formed = self._wait_for_decision(number, joined_at, deadline, leave_if)
+                except SitOut as unfit:  # a spare out of every round while it is unfit (standby.py)
+                    self._drop_keys()
+                    self.standby.sit_out(str(unfit), lambda: self._check_run(self._watch_control()))
+                    number, joined_at = self._first_undecided(self._watch_control()), None
+                    continue
                 if formed is not None:
                     self._current = formed  # what watches members' losses is made at the first waiting()
                     self.standby.member(formed.number)
@@ -246,7 +251,7 @@ class Rounds:
                 seen = self._generation
                 control = self._watch_control()
                 self._check_run(control, waiting_in=number)
-                self.standby.waiting(number, self._spare(control, number))
+                deadline = self.standby.waiting(number, self._spare(control, number), deadline)  # a spare waits on
                 deadline = self._held.deadline(number, control.get(self.keys.rdzv_held(number)), deadline)
                 if leave_if is not None and leave_if(control.snapshot()):
                     raise OddOneOut(number)
@@ -266,7 +271,7 @@ class Rounds:
                     if number > 0:
                         previous = KeySet(self.client, self.keys.rdzv_participants(number - 1), self._wake)
                 now = time.monotonic()
-                wake_at = deadline
+                wake_at = min(deadline, self.standby.next_look())
                 if mine is not None and (previous is None or len(previous) == 0):
                     count = len(mine)
                     # after the first round, the round before is empty once each of its live
