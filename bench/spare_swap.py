@@ -1,0 +1,123 @@
+"""Seconds from kill -9 of one training node to the job's workers running again, with a spare
+and without one (issue 55; docs/spares.md).
+
+spare: three agents with ``--nnodes 2:2`` (one worker each): two train, the third waits as a
+spare (its node record says ``spare``). Once it does, the member that is not group rank 0 is
+killed with its worker; we time until a new generation of 2 workers runs (WORLD_SIZE=2, the
+spare's worker one of them).
+
+re-plan (no spare), the baseline: two agents with ``--nnodes 1:2``; the one that is not group
+rank 0 is killed; we time until the survivor's new worker runs at WORLD_SIZE=1.
+
+Workers sit in a gloo all_reduce loop (tests/workers/allreduce_loop.py); one embedded etcd.
+
+  python bench/spare_swap.py [--repeats 1] [--give-up 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from common import table
+from launch import WORKERS, Launched, agent_of, eft_run, generation, rdzv_command, wait_for
+
+from elasticft.config.ft import FTConfig
+from elasticft.contract.keys import RunKeys
+from elasticft.contract.records import NodeRecord, NodeState
+from elasticft.store import EmbeddedEtcd, StoreOptions, connect
+
+# name: (--nnodes, agents, world size after the loss)
+DESIGNS = {
+    "spare": ("2:2", 3, 2),
+    "re-plan (no spare)": ("1:2", 2, 1),
+}
+
+
+def _spare(client, run_id: str, nodes: list[Launched]) -> Launched | None:
+    """The node (``--eft-node-id nodeI``) whose etcd record says spare, or None."""
+    for i, node in enumerate(nodes):
+        item = client.get(RunKeys(run_id).node(f"node{i}"))
+        if item is not None and NodeRecord.from_json(item.value).state is NodeState.SPARE:
+            return node
+    return None
+
+
+def trial(nnodes: str, agents: int, world_after: int, endpoint: str, client, work: Path,
+          give_up: float = 120.0) -> tuple[float, float] | None:
+    starts = work / "starts.jsonl"
+    run_id = uuid.uuid4().hex
+    nodes = []
+    try:
+        for i in range(agents):
+            cmd = rdzv_command(eft_run(), str(WORKERS / "allreduce_loop.py"), str(work), nnodes=nnodes, nproc=1,
+                               backend="etcd-v3", endpoint=endpoint, run_id=run_id,
+                               flags=["--max-restarts", "3", "--eft-node-id", f"node{i}"])
+            nodes.append(Launched(cmd, work / f"node{i}.log"))
+        first = wait_for(lambda: generation(starts, 2), 300, "a world of 2")
+        spare = None
+        if agents > 2:
+            spare = wait_for(lambda: _spare(client, run_id, nodes), 120, "a node waiting as a spare")
+        group = {agent_of(r["pid"]): r["group_rank"] for r in first}
+        victim = next(n for n in nodes if group.get(n.proc.pid) == 1)
+        assert victim is not spare
+        killed = time.time()
+        victim.kill_node()
+        try:
+            second = wait_for(lambda: generation(starts, world_after, after=killed), give_up,
+                              f"workers at world size {world_after}")
+        except AssertionError:
+            return None  # no recovery: the row says so
+        if spare is not None:
+            assert spare.proc.pid in {agent_of(r["pid"]) for r in second}, "the spare's worker is not in the new world"
+        (work / "finish").touch()
+        for node in nodes:
+            if node is not victim:
+                node.wait(120)
+        return max(r["started"] for r in second) - killed, max(r["time"] for r in second) - killed
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--give-up", type=float, default=120.0,
+                        help="seconds after the kill before a row counts as no recovery")
+    args = parser.parse_args()
+    ttl = FTConfig().lease_ttl
+    results = {}
+    with EmbeddedEtcd() as etcd, tempfile.TemporaryDirectory(prefix="eft-bench-") as tmp:
+        client = connect(StoreOptions(endpoints=etcd.endpoint))
+        try:
+            for name, (nnodes, agents, world_after) in DESIGNS.items():
+                runs = []
+                for r in range(args.repeats):
+                    work = Path(tmp) / f"{len(results)}-{r}"
+                    work.mkdir()
+                    runs.append(trial(nnodes, agents, world_after, etcd.endpoint, client, work, args.give_up))
+                done = [r for r in runs if r is not None]
+                results[name] = min(done) if done else None
+                print(f"{name}: {len(done)} of {len(runs)} recovered; best {results[name]}", flush=True)
+        finally:
+            client.close()
+    rows = [[name, best[0], best[1]] if best else [name, f"no recovery within {args.give_up:g} s", ""]
+            for name, best in results.items()]
+    print()
+    print("kill -9 of a training node (not group rank 0) -> the job's workers running again (best of %d)"
+          % args.repeats)
+    print(f"issue 55's target: a spare training at the same size within the lease TTL + 1.5 s "
+          f"({ttl:g} + 1.5 = {ttl + 1.5:g} s)")
+    print(table(["design", "workers started, s", "gloo joined, s"], rows))
+    spare, replan = results["spare"], results["re-plan (no spare)"]
+    if spare and replan:
+        print(f"spare / re-plan: {spare[0] / replan[0]:.2f} (workers started), "
+              f"{spare[1] / replan[1]:.2f} (gloo joined)")
+
+
+if __name__ == "__main__":
+    main()
