@@ -8,6 +8,7 @@ faults by kill -9 of a whole node.
 from __future__ import annotations
 
 import re
+import time
 import urllib.request
 
 import pytest
@@ -40,13 +41,15 @@ def test_a_spare_says_so_its_loss_costs_nothing_and_the_next_takes_a_lost_member
         tmp_path, eft_job, etcd, etcd_server, run_keys):
     """Two members (``--nnodes 2:2``) and two spares. Both spares' records, ``eft status`` and the
     events name them. Spare s0 is killed: no member restarts. Member m1 is killed: the job
-    restarts once, at the same size, with spare s1 in m1's place; its record says running."""
+    restarts once, at the same size, with spare s1 in m1's place; its record says running. The
+    spares' join timeout is 5 s, which they outwait: a spare waits as long as the job runs."""
     outs = {name: tmp_path / name for name in ("m0", "m1", "s0", "s1")}
     nodes = {}
     for name, out in outs.items():
         out.mkdir()
         nodes[name] = eft_job("allreduce_loop.py", out, nodes="2:2", name=name,
-                              eft_flags=["--eft-node-id", name, "--rdzv-conf", "join_timeout=300",
+                              eft_flags=["--eft-node-id", name, "--rdzv-conf",
+                                         f"join_timeout={5 if name.startswith('s') else 300}",
                                          "--eft-metrics-port", "0", "--eft-metrics-host", "127.0.0.1"])
         if name == "m1":
             wait_for(lambda: starts(outs["m0"]) and starts(outs["m1"]), 120, "both members' workers to start")
@@ -66,6 +69,9 @@ def test_a_spare_says_so_its_loss_costs_nothing_and_the_next_takes_a_lost_member
         scraped = urllib.request.urlopen(f"http://{record(etcd, run_keys, name).metrics}/metrics", timeout=10).read()
         assert re.search(rf'^eft_spare{{[^}}]*node="{name}"[^}}]*}} {spare}\.0$', scraped.decode(), re.M), name
 
+    waited = time.monotonic()
+    wait_for(lambda: time.monotonic() - waited > 6 and nodes["s1"].proc.poll() is None, 30,
+             "the spares to outwait their join timeout")  # (a timed-out spare's agent exits)
     nodes["s0"].kill_node()
     wait_for(lambda: events(etcd, run_keys, EventKind.SPARE_LOST), 60, "a member to record the spare's loss")
     (lost_spare,) = events(etcd, run_keys, EventKind.SPARE_LOST)
