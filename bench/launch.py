@@ -152,3 +152,23 @@ def generation(path: Path, world_size: int, after: float = 0.0) -> list[dict] | 
     starts = [r for r in read_jsonl(path) if r["world_size"] == world_size and r["time"] >= after]
     ranks = {r["rank"] for r in starts}
     return starts if ranks == set(range(world_size)) else None
+
+
+def time_recovery(nodes: list[Launched], victim: Launched, work: Path, world_size: int,
+                  give_up: float) -> tuple[list[dict], float, float] | None:
+    """kill -9 ``victim`` (tests/workers/allreduce_loop.py's nodes, writing ``work``): the starts
+    of the next generation of ``world_size`` workers, and seconds from the kill to the last of
+    them started and to the last in gloo; None when none came within ``give_up``. The others
+    are then told to finish and awaited."""
+    killed = time.time()
+    victim.kill_node()
+    try:
+        second = wait_for(lambda: generation(work / "starts.jsonl", world_size, after=killed), give_up,
+                          f"workers at world size {world_size}")
+    except AssertionError:
+        return None  # no recovery: the caller's row says so
+    (work / "finish").touch()
+    for node in nodes:
+        if node is not victim:
+            node.wait(120)
+    return second, max(r["started"] for r in second) - killed, max(r["time"] for r in second) - killed

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from launch import (
     eft_run,
     generation,
     rdzv_command,
+    time_recovery,
     torchrun,
     wait_for,
 )
@@ -49,17 +49,8 @@ def trial(launcher: list[str], backend: str, endpoint: str, extra: list[str], wo
         port = int(endpoint.rsplit(":", 1)[1])
         agents = {agent_of(r["pid"]): r["group_rank"] for r in first}
         victim = next(n for n in nodes if agents.get(n.proc.pid) != 0 and not _listens_on(n.proc.pid, port))
-        killed = time.time()
-        victim.kill_node()
-        try:
-            second = wait_for(lambda: generation(starts, 2, after=killed), give_up, "survivors at world size 2")
-        except AssertionError:
-            return None  # no recovery: the row says so
-        (work / "finish").touch()
-        for node in nodes:
-            if node is not victim:
-                node.wait(120)
-        return max(r["started"] for r in second) - killed, max(r["time"] for r in second) - killed
+        recovered = time_recovery(nodes, victim, work, 2, give_up)
+        return recovered[1:] if recovered is not None else None
     finally:
         for node in nodes:
             node.stop()

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 from common import table
-from launch import WORKERS, Launched, agent_of, eft_run, generation, rdzv_command, wait_for
+from launch import WORKERS, Launched, agent_of, eft_run, generation, rdzv_command, time_recovery, wait_for
 
 from elasticft.config.ft import FTConfig
 from elasticft.contract.keys import RunKeys
@@ -64,20 +63,13 @@ def trial(nnodes: str, agents: int, world_after: int, endpoint: str, client, wor
         group = {agent_of(r["pid"]): r["group_rank"] for r in first}
         victim = next(n for n in nodes if group.get(n.proc.pid) == 1)
         assert victim is not spare
-        killed = time.time()
-        victim.kill_node()
-        try:
-            second = wait_for(lambda: generation(starts, world_after, after=killed), give_up,
-                              f"workers at world size {world_after}")
-        except AssertionError:
+        recovered = time_recovery(nodes, victim, work, world_after, give_up)
+        if recovered is None:
             return None  # no recovery: the row says so
+        second, started, joined = recovered
         if spare is not None:
             assert spare.proc.pid in {agent_of(r["pid"]) for r in second}, "the spare's worker is not in the new world"
-        (work / "finish").touch()
-        for node in nodes:
-            if node is not victim:
-                node.wait(120)
-        return max(r["started"] for r in second) - killed, max(r["time"] for r in second) - killed
+        return started, joined
     finally:
         for node in nodes:
             node.stop()
