@@ -152,7 +152,9 @@ def test_a_disk_checkpoint_newer_than_memory_wins(tmp_path):
         job.stop()
     assert "memory checkpoint 4 is older than disk checkpoint 6: loading from disk" in log
     assert sorted(re.findall(r"local rank (\d): warm start in pid", log)) == ["0", "0", "1", "1"], log[-3000:]
-    assert RESUMED.findall(log) == [("6", "disk", "1")]
+    # iteration 7 re-done: the heartbeats say 7, or 6 where iteration 7 began within 50 ms of the
+    # save's heartbeat (one write per STEP_WRITE_INTERVAL: an idle machine runs this model that fast)
+    assert RESUMED.findall(log) in ([("6", "disk", "1")], [("6", "disk", "0")])
     assert re.search(r"successfully loaded checkpoint from \S+/ckpt .*at iteration 6", log)
     assert leftovers(tmp_path) == []
 
