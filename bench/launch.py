@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -154,12 +155,12 @@ def generation(path: Path, world_size: int, after: float = 0.0) -> list[dict] | 
     return starts if ranks == set(range(world_size)) else None
 
 
-def time_recovery(nodes: list[Launched], victim: Launched, work: Path, world_size: int,
-                  give_up: float) -> tuple[list[dict], float, float] | None:
-    """kill -9 ``victim`` (tests/workers/allreduce_loop.py's nodes, writing ``work``): the starts
-    of the next generation of ``world_size`` workers, and seconds from the kill to the last of
-    them started and to the last in gloo; None when none came within ``give_up``. The others
-    are then told to finish and awaited."""
+def time_recovery(nodes: list[Launched], victim: Launched, work: Path, world_size: int, give_up: float,
+                  check: Callable[[list[dict]], None] = lambda starts: None) -> tuple[float, float] | None:
+    """kill -9 ``victim`` (tests/workers/allreduce_loop.py's nodes, writing ``work``): seconds from
+    the kill to the last worker of the next generation of ``world_size`` started and to the last
+    in gloo; None when none came within ``give_up``. ``check`` is given that generation's starts
+    while its workers live; the others are then told to finish and awaited."""
     killed = time.time()
     victim.kill_node()
     try:
@@ -167,8 +168,9 @@ def time_recovery(nodes: list[Launched], victim: Launched, work: Path, world_siz
                           f"workers at world size {world_size}")
     except AssertionError:
         return None  # no recovery: the caller's row says so
+    check(second)
     (work / "finish").touch()
     for node in nodes:
         if node is not victim:
             node.wait(120)
-    return second, max(r["started"] for r in second) - killed, max(r["time"] for r in second) - killed
+    return max(r["started"] for r in second) - killed, max(r["time"] for r in second) - killed

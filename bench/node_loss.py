@@ -49,8 +49,7 @@ def trial(launcher: list[str], backend: str, endpoint: str, extra: list[str], wo
         port = int(endpoint.rsplit(":", 1)[1])
         agents = {agent_of(r["pid"]): r["group_rank"] for r in first}
         victim = next(n for n in nodes if agents.get(n.proc.pid) != 0 and not _listens_on(n.proc.pid, port))
-        recovered = time_recovery(nodes, victim, work, 2, give_up)
-        return recovered[1:] if recovered is not None else None
+        return time_recovery(nodes, victim, work, 2, give_up)
     finally:
         for node in nodes:
             node.stop()

@@ -63,13 +63,11 @@ def trial(nnodes: str, agents: int, world_after: int, endpoint: str, client, wor
         group = {agent_of(r["pid"]): r["group_rank"] for r in first}
         victim = next(n for n in nodes if group.get(n.proc.pid) == 1)
         assert victim is not spare
-        recovered = time_recovery(nodes, victim, work, world_after, give_up)
-        if recovered is None:
-            return None  # no recovery: the row says so
-        second, started, joined = recovered
-        if spare is not None:
-            assert spare.proc.pid in {agent_of(r["pid"]) for r in second}, "the spare's worker is not in the new world"
-        return started, joined
+        def spare_took_part(second: list[dict]) -> None:
+            if spare is not None:
+                assert spare.proc.pid in {agent_of(r["pid"]) for r in second}, "the spare's worker is not in it"
+
+        return time_recovery(nodes, victim, work, world_after, give_up, check=spare_took_part)
     finally:
         for node in nodes:
             node.stop()
