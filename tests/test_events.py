@@ -40,7 +40,7 @@ SAMPLES = {
     EventKind.SPARE_WAITING: {"round": 1},
     EventKind.SPARE_PROMOTED: {"round": 2},
     EventKind.SPARE_LOST: {"node": "s0", "host": "host-s0", "round": 1},
-    EventKind.SPARE_UNFIT: {"why": "GPU 0 risk 1.00 >= the trigger 0.80"},
+    EventKind.SPARE_UNFIT: {"why": "GPU 0 risk 1.00, at or above the trigger 0.80"},
     EventKind.LAYOUT: {"tp": 2, "pp": 1, "dp": 4, "used": 8, "world_size": 12, "spare": [8, 9, 10, 11]},
     EventKind.RESTART: {"reason": "hang", "remaining_restarts": 2, "max_restarts": 3},
     EventKind.CKPT_REQUEST: {"request_id": "abc123", "reason": "risk", "requester": "n0/gpu1", "exit": True,

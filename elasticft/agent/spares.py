@@ -46,7 +46,7 @@ def unfit(sampler: HealthSampler | None) -> str | None:
     if not at_risk:
         return None
     score, gpu = max(at_risk)
-    return f"GPU {gpu} risk {score:.2f} >= the trigger {threshold:.2f}"
+    return f"GPU {gpu} risk {score:.2f}, at or above the trigger {threshold:.2f}"
 
 
 def _tell(ctx: AgentContext, number: int, spare: bool) -> None:

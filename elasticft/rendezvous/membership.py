@@ -218,11 +218,6 @@ class Membership:
             self.lost.clear()
             return fresh
 
-    def spares(self) -> dict[str, NodeRecord]:
-        """The nodes waiting as spares (their records say ``spare``), from the watch."""
-        with self._lock:
-            return {n: r for n, r in self._records.items() if r.state is NodeState.SPARE}
-
     def forget_non_members(self, formed_at: int | None = None, round_: int | None = None) -> None:
         """Drop the unreported departures of nodes that are no members of the round just formed.
 

@@ -58,11 +58,6 @@ class Standby:
         self._member_of: int | None = None  # the last round this node was a member of
         self._told: int | None = None
 
-    @property
-    def spare_in(self) -> int | None:
-        """The round this node waits in as a spare (None: it is none)."""
-        return self._told
-
     def waiting(self, number: int, full_before: bool, deadline: float) -> float:
         """This node waits in round ``number``; ``full_before``: the round before it formed full.
         The join's deadline, pushed on while this node is a spare. Raises ``SitOut`` when unfit."""
