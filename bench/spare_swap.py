@@ -63,6 +63,7 @@ def trial(nnodes: str, agents: int, world_after: int, endpoint: str, client, wor
         group = {agent_of(r["pid"]): r["group_rank"] for r in first}
         victim = next(n for n in nodes if group.get(n.proc.pid) == 1)
         assert victim is not spare
+
         def spare_took_part(second: list[dict]) -> None:
             if spare is not None:
                 assert spare.proc.pid in {agent_of(r["pid"]) for r in second}, "the spare's worker is not in it"

@@ -2,8 +2,9 @@
 
 A spare's own agent rewrites its record (state ``spare`` and the round it waits in) and records
 ``spare_waiting``; once a round takes it in, ``running`` again and ``spare_promoted``, both
-before its workers start. A spare whose own GPUs are at risk sits out (``spare_unfit``). When a spare is lost, every member's membership watch hears of it
-and none restarts; the lowest live member's agent records ``spare_lost`` for the job.
+before its workers start. A spare whose own GPUs are at risk sits out (``spare_unfit``). When a
+spare is lost, every member's membership watch hears of it and none restarts; the lowest live
+member's agent records ``spare_lost`` for the job.
 """
 
 from __future__ import annotations

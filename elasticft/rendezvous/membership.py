@@ -50,16 +50,16 @@ class NodeLease:
         self.record.state = NodeState(state)
         self._client.put(self._key, self.record.to_json(), lease=self.lease)
 
-    def wait_as_spare(self, round_: int | None) -> bool:
+    def wait_as_spare(self, round_: int | None) -> None:
         """Say in the record that this node waits as a spare in rendezvous round ``round_``, or
-        (None) that it is a member again; True when the record changed. Raises StoreError."""
+        (None) that it is a member again; no write when the record says so already, nor over
+        ``exited`` or ``excluded``. Raises StoreError."""
         state, spare_in = (NodeState.SPARE, round_) if round_ is not None else (NodeState.RUNNING, -1)
         if (self.record.state, self.record.spare_in) == (state, spare_in) or self.record.state not in (
                 NodeState.RUNNING, NodeState.SPARE):
-            return False
+            return
         self.record.state, self.record.spare_in = state, spare_in
         self._client.put(self._key, self.record.to_json(), lease=self.lease)
-        return True
 
     def workers_failed(self, round_: int) -> None:
         """Say in the record that this node's workers of rendezvous round ``round_`` failed; raises StoreError."""
