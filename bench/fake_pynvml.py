@@ -10,6 +10,7 @@ lives in bench/ for that bench, which must run without tests/ on the path.
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -32,6 +33,7 @@ DEVICE_FUNCTIONS = (
     "nvmlDeviceGetCurrentClocksThrottleReasons",
     "nvmlDeviceGetClockInfo",
     "nvmlDeviceRegisterEvents",
+    "nvmlDeviceGetGpuFabricInfo",
 )
 FUNCTIONS = DEVICE_FUNCTIONS + (
     "nvmlInit",
@@ -65,6 +67,9 @@ class FakeGpu:
     mem_mhz: int = 2619
     unsupported: set = field(default_factory=set)  # function names that raise NotSupported
     lost: bool = False  # every call raises GpuIsLost
+    # NVLink fabric: (cluster UUID, clique id) of a registered GPU; None: NotSupported (no NVSwitch domain)
+    fabric: tuple[str, int] | None = None
+    fabric_state: int = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
 
 
 def _error(code: int) -> pynvml.NVMLError:
@@ -183,6 +188,16 @@ class FakeNvml:
     def nvmlDeviceGetClockInfo(self, h, clock):
         g = self._check(h, "nvmlDeviceGetClockInfo")
         return g.sm_mhz if clock == pynvml.NVML_CLOCK_SM else g.mem_mhz
+
+    def nvmlDeviceGetGpuFabricInfo(self, h, info_ref):
+        g = self._check(h, "nvmlDeviceGetGpuFabricInfo")
+        if g.fabric is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = info_ref._obj  # pynvml's caller passes ctypes.byref(c_nvmlGpuFabricInfo_t())
+        cluster, clique = g.fabric
+        info.clusterUuid[:] = list(uuid.UUID(cluster).bytes)
+        info.cliqueId, info.state, info.status = clique, g.fabric_state, pynvml.NVML_SUCCESS
+        return pynvml.NVML_SUCCESS
 
     # -- events -------------------------------------------------------------------
 

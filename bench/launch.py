@@ -101,7 +101,8 @@ class Launched:
             self._log.flush()
 
     def output(self) -> str:
-        self._log.flush()
+        if not self._log.closed:  # (read after stop too)
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:

@@ -1,6 +1,6 @@
 """Simulated hosts in Linux network namespaces, one IP each on a private bridge, for partitions.
 
-    with NetnsCluster(nodes=2, workdir=tmp_path) as cluster:   # needs root and `ip netns`
+    with NetnsCluster(nodes=2, workdir=tmp_path) as cluster:   # needs root and `ip netns` (etcd=False: no etcd)
         cluster.etcd_endpoint                   # "10.231.X.2:PORT": a real etcd in its own namespace
         node = cluster.launch(0, [...eft-run...], log_path)   # bench.launch.Launched, inside node 0's namespace
         cluster.run(0, ["ip", "addr"])          # to its end: a subprocess.CompletedProcess
@@ -110,8 +110,9 @@ def _free_subnet() -> str:
 class NetnsCluster:
     """A bridge, one namespace for etcd and one per node; use as a context manager."""
 
-    def __init__(self, nodes: int, workdir: Path):
+    def __init__(self, nodes: int, workdir: Path, etcd: bool = True):
         self.nodes = nodes
+        self.with_etcd = etcd  # False: no etcd of the harness's (the caller runs its own in a node's namespace)
         self.workdir = Path(workdir)
         self.prefix = f"eft-{os.getpid()}-{next(_sequence)}"
         self.switch = f"{self.prefix}-sw"
@@ -160,7 +161,8 @@ class NetnsCluster:
         self._cable(self.etcd_ns, "eth0", self.etcd_ip, port="etcd")
         for i, ns in enumerate(self.node_ns):
             self._cable(ns, "eth0", self.node_ip(i), port=f"n{i}")
-        self.etcd = EmbeddedEtcd(host=self.etcd_ip, wrapper=["ip", "netns", "exec", self.etcd_ns]).start()
+        if self.with_etcd:
+            self.etcd = EmbeddedEtcd(host=self.etcd_ip, wrapper=["ip", "netns", "exec", self.etcd_ns]).start()
 
     def _cable(self, ns: str | None, ifname: str, address: str, port: str) -> None:
         """A veth from the bridge (its end named ``port``) to ``ifname`` in ``ns`` (None: here)."""

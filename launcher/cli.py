@@ -1,5 +1,5 @@
 """``eft``: the operator's command (plan, health, ckpt, top, status, simulate, report, etcd, outcome, flags,
-doctor, metrics).
+doctor, metrics, kubernetes).
 
 Each sub-command lives in its own module with a ``register(app)`` function; this
 file only assembles them.
@@ -15,6 +15,7 @@ from launcher import (
     etcd_cmd,
     flags_cmd,
     health_cmd,
+    kubernetes_cmd,
     metrics_cmd,
     outcome_cmd,
     plan_cmd,
@@ -47,6 +48,7 @@ outcome_cmd.register(app)
 flags_cmd.register(app)
 doctor_cmd.register(app)
 metrics_cmd.register(app)
+kubernetes_cmd.register(app)
 
 
 def main() -> None:

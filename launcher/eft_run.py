@@ -45,6 +45,8 @@ from elasticft.config import ConfigError, Settings
 from elasticft.contract.exit_codes import ExitCode
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.local_runs import LocalRuns, default_runs_dir
+from elasticft.contract.outcome import JobOutcome
+from elasticft.contract.records import COMMAND_ATTEMPT
 from elasticft.megatron_bridge.mode import worker_environment as megatron_bridge_environment
 from elasticft.megatron_lm.mode import worker_environment as megatron_lm_environment
 from elasticft.planner.layout import NoLegalLayout
@@ -54,13 +56,17 @@ from elasticft.rendezvous.backend import (
     RendezvousConfigError,
     close_watches,
 )
+from elasticft.kubernetes.pod import JobSetPod
 from elasticft.slurm.job import SlurmJob
 from elasticft.rendezvous.reuse import prepare_run
 from elasticft.store import EmbeddedEtcd, EtcdNotFound, StoreError, StoreUnavailable, connect
-from elasticft.torch_seam import agent_class_swapped, parse_rendezvous_config
+from elasticft.torch_seam import agent_class_swapped, check_in_at_exit, parse_rendezvous_config
 from launcher import ft_launcher_flags
 from launcher.entry_check import missing_entry
 from launcher.version_report import version_lines
+from launcher.finished_job import finished_before_join, finished_on, nothing_to_do, spare_status
+from launcher.kubernetes_setup import apply_jobset
+from launcher.segment_setup import resolve_segments
 from launcher.slurm_setup import apply_slurm
 
 log = logging.getLogger("elasticft")
@@ -148,16 +154,22 @@ def run_target(args) -> EtcdTarget | None:
 
 
 def _attempt(args) -> str:
-    """This launch's identity (NodeRecord.attempt): the SLURM job attempt; under torchrun's
+    """This launch's identity (NodeRecord.attempt): the SLURM job attempt, the JobSet attempt; under torchrun's
     default run id 'none', a digest of the command (nodes of one job run it alike, a second
     job sharing 'none' by mistake most likely not); else none: nodes join by run id alone."""
     job = SlurmJob.from_environ(os.environ)
     if job is not None:
         return job.attempt
+    try:
+        pod = JobSetPod.from_environ(os.environ)
+    except ValueError:  # refused before, unless --eft-kubernetes false: then no pod
+        pod = None
+    if pod is not None:
+        return pod.attempt  # a restarted JobSet is a new attempt, even under a run id of the user's
     if args.rdzv_id != "none":
         return ""
     command = json.dumps([args.nnodes, args.nproc_per_node, args.training_script, args.training_script_args])
-    return "cmd-" + hashlib.sha256(command.encode()).hexdigest()[:12]
+    return COMMAND_ATTEMPT + hashlib.sha256(command.encode()).hexdigest()[:12]
 
 
 def _setup_logging(level: str) -> None:
@@ -173,9 +185,11 @@ def run(args, settings: Settings) -> ExitCode:
     missing = missing_entry(args)  # before an etcd, a rendezvous and workers that would all fail
     if missing:
         raise UsageError(missing)
+    settings = apply_jobset(args, settings)  # a JobSet pod's run id, size, etcd Service, address and name
     apply_slurm(args, settings, lambda: run_target(args))  # the etcd its agents share the time limit through
     rdzv_conf = _check_torchrun_args(args)
     _check_memory_tier(args, settings)
+    settings = resolve_segments(args, settings)  # --eft-segment: this node's domain
     # Workers inherit the launcher's environment: eft's boot directory for a Megatron-LM or Bridge script.
     loop = megatron_bridge_environment(settings.megatron_lm.megatron_bridge, args.training_script, args.module,
                                        args.no_python)
@@ -220,10 +234,21 @@ def run(args, settings: Settings) -> ExitCode:
                 if args.rdzv_id == "none":
                     log.warning("--rdzv-id not given: this job's run id is torchrun's default 'none', shared by "
                                 "every job on this etcd that does not name one")
-                _prepare_run(target, settings)
+                finished = _prepare_run(target, settings)
+                if finished is not None:
+                    return nothing_to_do(finished, args.rdzv_id)
 
         with agent_class_swapped(functools.partial(_made_agent, settings=settings, etcd=target)):
-            torchrun_run(args)
+            try:
+                torchrun_run(args)
+            except RendezvousClosedError:
+                finished = finished_before_join(target, wait=settings.ft.lease_ttl + 5) if target else None
+                if finished is None:
+                    raise
+                return nothing_to_do(finished, args.rdzv_id)
+        # A node that started no workers (a spare; one that waited to join) ended with the others: the job says how.
+        if _AGENTS and not any(worker.id for worker in _AGENTS[-1].get_worker_group().workers):
+            return spare_status(target, wait=settings.ft.lease_ttl + 5)
         return _status_after_stop()
     finally:
         if noted is not None:
@@ -262,14 +287,29 @@ def _status_after_stop() -> ExitCode:
     return status
 
 
-def _prepare_run(target: EtcdTarget, settings: Settings) -> None:
-    """A run id used before: reset an ended attempt's keys, refuse a live job's (reuse.py)."""
+def _leave_exit_barrier() -> None:
+    """A signal reached this node alone (a pod deleted, a node drained): the other nodes'
+    workers stopped with the same save and wait at torch's exit barrier; count this node in
+    there, or they wait its 300 s for a node that is gone."""
+    try:
+        check_in_at_exit(_AGENTS[-1])
+    except Exception as exc:  # noqa: BLE001 - the store may have gone with its host: the others' wait ends then
+        log.debug("could not check in at the exit barrier: %s", exc)
+
+
+def _prepare_run(target: EtcdTarget, settings: Settings) -> JobOutcome | None:
+    """A run id used before: reset an ended attempt's keys, refuse a live job's (reuse.py). Where
+    this very attempt's training finished already, nothing is reset: its outcome is returned
+    (this node came after the end: finished_job.py)."""
     try:
         client = connect(target.store)
     except StoreUnavailable:
-        return  # etcd not up yet: the rendezvous waits for it (up to its join timeout); nothing to reuse
+        return None  # etcd not up yet: the rendezvous waits for it (up to its join timeout); nothing to reuse
     try:
-        prepare_run(client, target.keys, target.attempt, linger=2 * settings.ft.lease_ttl + 5)
+        finished = finished_on(client, target)
+        if finished is None:
+            prepare_run(client, target.keys, target.attempt, linger=2 * settings.ft.lease_ttl + 5)
+        return finished
     finally:
         client.close()
 
@@ -313,7 +353,10 @@ def _launch(argv: list[str] | None) -> None:
     except SignalException as exc:
         print(f"eft-run: stopped by {signal.Signals(exc.sigval).name}", file=sys.stderr)
         # Workers that saved before they stopped: the job can go on from there.
-        sys.exit(int(_status_after_stop()) or 128 + int(exc.sigval))
+        status = _status_after_stop()
+        if status is ExitCode.REQUEUE:
+            _leave_exit_barrier()
+        sys.exit(int(status) or 128 + int(exc.sigval))
     except KeyboardInterrupt:
         print("eft-run: interrupted", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)

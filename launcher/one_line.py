@@ -24,4 +24,14 @@ class OneLineErrors(typer.core.TyperCommand):
         try:
             return super().parse_args(ctx, args)
         except typer.TyperException as err:  # typer's usage errors (it vendors click)
-            fail(ctx.info_name or "", err.format_message())
+            fail(_command_path(ctx), err.format_message())
+
+
+def _command_path(ctx: typer.Context) -> str:
+    """``kubernetes render`` for a group's command: every name under ``eft`` (the root's
+    name is however Python was started)."""
+    names = []
+    while ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(reversed(names))

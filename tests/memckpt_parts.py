@@ -22,6 +22,7 @@ from elasticft.config import MemoryConfig
 from elasticft.contract.memory import DCP_METADATA
 from elasticft.contract.run_dir import WorkerEnv
 from elasticft.memckpt import MemoryTier
+from elasticft.memckpt.placement import Spares
 
 SHARD_BYTES = 4096
 
@@ -77,7 +78,7 @@ class Node:
 
 
 def make_node(etcd, run_keys, tmp_path: Path, node_id: str, rank: int, *, replicas: int = 1,
-              budget_gb: float = 1.0, label: str = "", timeout: float = 10.0) -> Node:
+              budget_gb: float = 1.0, label: str = "", timeout: float = 10.0, spares: Spares | None = None) -> Node:
     config = MemoryConfig(mem_ckpt_interval=1, mem_ckpt_replicas=replicas, mem_ckpt_budget_gb=budget_gb,
                           mem_ckpt_dir=str(tmp_path / "shm"), node_label=label)
     run_dir = tmp_path / "run" / node_id
@@ -85,5 +86,6 @@ def make_node(etcd, run_keys, tmp_path: Path, node_id: str, rank: int, *, replic
     events: list[tuple[str, dict]] = []
     tier = MemoryTier(config, node_id, "127.0.0.1", etcd, run_keys, run_dir,
                       lambda kind, **fields: events.append((kind, fields)), timeout=timeout)
+    tier.spares = spares or tier.spares  # as the agent sets it: before start
     tier.start()
     return Node(node_id, rank, tier, run_dir, events)

@@ -62,6 +62,8 @@ FORBIDDEN = {
     "elasticft.metrics": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
                           "elasticft.health", "elasticft.worker", "elasticft.store", "elasticft.memckpt",
                           "elasticft.goodput", "launcher"),
+    # the pod's variables, the manifests and their schemas: what eft-run and `eft kubernetes` read
+    "elasticft.kubernetes": ("elasticft.agent", "elasticft.tui", "launcher"),
     "elasticft.memckpt": ("elasticft.agent", "elasticft.tui", "elasticft.rendezvous", "elasticft.planner",
                           "elasticft.health", "elasticft.worker", "launcher"),
 }

@@ -72,6 +72,24 @@ def snapshots_before_the_restart(out: Path, nth: int = 1) -> list[int]:
     return [r["iteration"] for r in records[:restart] if r["event"] == "mem_saved"]
 
 
+def stage1_node(endpoint: str, run_id: str) -> tuple[str | None, list]:
+    """The node of pipeline stage 1 (its share is needed, and it is not rank 0's node, which
+    writes .metadata), once both nodes published a part; and the memory index's parts."""
+    client = connect(StoreOptions(endpoint))
+    parts = MemIndex(client, RunKeys(run_id)).parts()
+    client.close()
+    rank0 = {p.node for p in parts if p.needs}
+    stage1 = {p.node for p in parts if p.files and p.node not in rank0}
+    return (stage1.pop() if len(rank0) == 1 and len(stage1) == 1 else None), parts
+
+
+def kill_nodes(nodes: dict, names: list[str]) -> None:
+    """kill -9 of whole nodes: each one's agent and its workers."""
+    processes = [psutil.Process(nodes[name].pid) for name in names]
+    for process in [child for p in processes for child in p.children(recursive=True)] + processes:
+        process.kill()
+
+
 def test_a_hung_rank_and_a_lost_node_resume_from_memory_phase_by_phase(demo, reference, tmp_path):  # noqa: F811
     """A rank hung after iteration 14 (found by the step timeout, its stacks taken, killed)
     resumes from its node's own memory; node 1, lost after
@@ -143,19 +161,12 @@ def test_a_lost_node_and_its_replica_holder_fall_back_to_disk(demo, reference, t
     def kill_a_share(endpoint, run_id, nodes, iteration):
         if killed or iteration < LOSE_AT:
             return
-        client = connect(StoreOptions(endpoint))
-        parts = MemIndex(client, RunKeys(run_id)).parts()
-        client.close()
-        rank0 = {p.node for p in parts if p.needs}  # the node that writes .metadata
-        # Stage 1's node: its share is needed, and it is not rank 0's node.
-        stage1 = {p.node for p in parts if p.files and p.node not in rank0}
-        if len(rank0) != 1 or len(stage1) != 1:
-            return  # not yet published
-        victims = stage1 | {h for p in parts if p.node in stage1 for h in p.holders}
-        processes = [psutil.Process(nodes[name].pid) for name in sorted(victims)]
-        for process in [child for p in processes for child in p.children(recursive=True)] + processes:
-            process.kill()  # kill -9 of the whole node: its agent and its workers
-        killed.extend(sorted(victims))
+        stage1, parts = stage1_node(endpoint, run_id)
+        if stage1 is None:
+            return
+        victims = sorted({stage1} | {h for p in parts if p.node == stage1 for h in p.holders})
+        kill_nodes(nodes, victims)
+        killed.extend(victims)
 
     result, facts = run_demo(demo, tmp_path, nodes=3, save_interval=10, lose_at=0, during=kill_a_share)
     # Two leases seldom expire in the same instant: the survivor may restart for the first loss
@@ -194,9 +205,7 @@ def test_with_replication_slowed_a_lost_node_resumes_from_an_older_memory_iterat
         rank0 = {p.node for p in MemIndex(client, RunKeys(run_id)).parts() if p.needs}
         client.close()
         (victim,) = set(nodes) - rank0
-        processes = [psutil.Process(nodes[victim].pid)]
-        for process in processes[0].children(recursive=True) + processes:
-            process.kill()  # kill -9 of the whole node: its agent and its workers
+        kill_nodes(nodes, [victim])
         before.update(memory, victim=victim, at=iteration)
 
     result, facts = run_demo(demo, tmp_path, lose_at=0, faults=[f"replica_slow:0@{SLOW_FROM}"],
@@ -206,4 +215,30 @@ def test_with_replication_slowed_a_lost_node_resumes_from_an_older_memory_iterat
     assert source == "memory" and resumed >= before["restorable"], (facts, before)
     print(f"status before the kill: {before}; resumed {resumed}, {redone} re-done; "
           f"lag events {events(result, EventKind.MEM_CKPT_LAG)}")
+    assert_same_losses(result, reference)
+
+
+def test_a_spare_takes_a_lost_nodes_ranks_and_restores_its_share_from_its_own_memory(demo, reference, tmp_path):  # noqa: F811
+    """Issue 55: two nodes train at TP2 x PP2 and a third waits as a spare (``--nnodes 1:2``). After
+    iteration 14 the node of pipeline stage 1 is SIGKILLed: the spare takes its ranks at the same
+    layout and reads its share from the copy it kept in its own memory, not a byte from another node."""
+    killed = []
+
+    def kill_stage1(endpoint, run_id, nodes, iteration):
+        if killed or iteration < LOSE_AT:
+            return
+        stage1, _ = stage1_node(endpoint, run_id)
+        if stage1 is not None:
+            kill_nodes(nodes, [stage1])
+            killed.append(stage1)
+
+    result, facts = run_demo(demo, tmp_path, nodes=3, spares=1, lose_at=0, during=kill_stage1)
+    (promoted,) = events(result, EventKind.SPARE_PROMOTED)
+    assert killed and promoted["source"] not in killed and facts["lost_nodes"] == killed
+    ((source, resumed, _),) = facts["restarts"]
+    assert source == "memory" and resumed >= LOSE_AT - 2
+    assert tuple(facts["layouts"][-1][:3]) == tuple(facts["layouts"][0][:3]) == (2, 2, 1)  # the same layout, no re-plan
+    restores = re.findall(r"read ([\d.]+) MB here and ([\d.]+) MB from other nodes",
+                          (tmp_path / f"{promoted['source']}.log").read_text())
+    assert restores and float(restores[-1][0]) > 0 and float(restores[-1][1]) == 0, restores
     assert_same_losses(result, reference)

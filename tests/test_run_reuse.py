@@ -7,9 +7,10 @@ import pytest
 
 from bench.launch import ROOT, Launched, eft_run, read_jsonl, wait_for
 from elasticft.contract.exit_codes import ExitCode
+from elasticft.contract.outcome import JobOutcome
 from elasticft.contract.records import NodeRecord
 from elasticft.rendezvous.membership import NodeLease
-from elasticft.rendezvous.reuse import RunInUse, prepare_run
+from elasticft.rendezvous.reuse import RunInUse, attempt_outcome, prepare_run
 from elasticft.store import EmbeddedEtcd
 
 
@@ -106,3 +107,15 @@ def test_a_second_job_without_a_run_id_is_refused_in_one_line(tmp_path):
             assert "Traceback" not in second.output()
         finally:
             first.stop()
+
+
+def test_the_outcome_of_this_attempt_is_found_and_no_other(etcd, run_keys):
+    """What a node that did not train to the end reads (a JobSet pod replaced after the others
+    finished, a spare): this attempt's record only, and only for a named attempt."""
+    assert attempt_outcome(etcd, run_keys, "gpt.0f9e8d7c.r0") is None  # nothing recorded yet
+    etcd.put(run_keys.outcome, JobOutcome(ExitCode.REQUEUE, "gpt.0f9e8d7c.r0", "n0").to_json())
+    assert attempt_outcome(etcd, run_keys, "gpt.0f9e8d7c.r0").status is ExitCode.REQUEUE
+    etcd.put(run_keys.outcome, JobOutcome(ExitCode.OK, "gpt.0f9e8d7c.r0", "n0").to_json())
+    assert attempt_outcome(etcd, run_keys, "gpt.0f9e8d7c.r0").node == "n0"
+    assert attempt_outcome(etcd, run_keys, "gpt.0f9e8d7c.r1") is None  # the JobSet restarted: a new attempt
+    assert attempt_outcome(etcd, run_keys, "") is None

@@ -104,15 +104,16 @@ def test_a_job_requeueing_itself_under_its_job_id_as_run_id_resumes_every_time(s
     --eft-exit-duration-mins fire at the first step."""
     ckpt, out = tmp_path / "ckpt", tmp_path / "job.out"
     script = tmp_path / "self.sbatch"
-    # 120 steps of 0.1 s: as long as an attempt (0.2 min), startup included, so one stop at least;
+    # 180 steps of 0.1 s: as long as an attempt (0.3 min), startup included, so one stop at least;
     # the attempt trains what its startup leaves, and two or three attempts finish on a slow machine
-    # as on a fast one (a 9 s attempt of which startup took 8 s made CI requeue ten times)
+    # as on a fast one (a 9 s attempt of which startup took 8 s made CI requeue ten times; with
+    # 0.2 min attempts a loaded machine's startups left none of them time to train)
     script.write_text(textwrap.dedent(f"""\
         #!/bin/bash
         #SBATCH --requeue
         #SBATCH --open-mode=append
         eft-run --rdzv-backend etcd-v3 --rdzv-endpoint {etcd_server.endpoint} --rdzv-id "$SLURM_JOB_ID" \\
-             --eft-exit-duration-mins 0.2 --nproc-per-node 2 {' '.join(loop(ckpt, 120, 0.1))} &
+             --eft-exit-duration-mins 0.3 --nproc-per-node 2 {' '.join(loop(ckpt, 180, 0.1))} &
         TRAIN=$!; wait $TRAIN; status=$?
         echo "eft-run exit status $status (attempt ${{SLURM_RESTART_COUNT:-0}})"
         [ $status -eq 4 ] && scontrol requeue "$SLURM_JOB_ID"
@@ -125,7 +126,7 @@ def test_a_job_requeueing_itself_under_its_job_id_as_run_id_resumes_every_time(s
     starts = [step for _, step in started_at(out)]
     assert len(stops) >= 1 and starts == [0, *stops], log[-3000:]  # each attempt went on from the last
     assert log.count("previous attempt ended; starting a new one") == len(stops)  # the run id reset each time
-    assert int(done["Restarts"]) == len(stops) and latest(ckpt) == 120
+    assert int(done["Restarts"]) == len(stops) and latest(ckpt) == 180
 
 
 def test_an_array_chains_each_task_saving_before_its_time_limit(slurm_cluster, tmp_path):

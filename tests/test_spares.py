@@ -8,15 +8,17 @@ faults by kill -9 of a whole node.
 from __future__ import annotations
 
 import re
+import signal
 import time
 import urllib.request
 
 import pytest
 from typer.testing import CliRunner
 
-from bench.launch import read_jsonl, wait_for
+from bench.launch import ROOT, read_jsonl, wait_for
 from elasticft.agent.events import EventLog
 from elasticft.contract.events import EventKind
+from elasticft.contract.exit_codes import ExitCode
 from elasticft.contract.records import NodeRecord, NodeState
 from launcher.cli import app
 
@@ -37,20 +39,28 @@ def starts(out) -> list[dict]:
     return read_jsonl(path) if path.exists() else []
 
 
+# With segments (--eft-segment 2: the job is one segment of two nodes of one domain), s0 is of
+# another domain than the members and s1: it sorts first, yet m1's place is s1's.
+DOMAINS = {"m0": "rack-a", "m1": "rack-a", "s0": "rack-b", "s1": "rack-a"}
+
+
+@pytest.mark.parametrize("segments", [False, True], ids=["no segments", "segments"])
 def test_a_spare_says_so_its_loss_costs_nothing_and_the_next_takes_a_lost_members_place(
-        tmp_path, eft_job, etcd, etcd_server, run_keys):
+        tmp_path, eft_job, etcd, etcd_server, run_keys, segments):
     """Two members (``--nnodes 2:2``) and two spares. Both spares' records, ``eft status`` and the
     events name them. Spare s0 is killed: no member restarts. Member m1 is killed: the job
     restarts once, at the same size, with spare s1 in m1's place; its record says running. The
-    spares' join timeout is 5 s, which they outwait: a spare waits as long as the job runs."""
+    spares' join timeout is 5 s, which they outwait: a spare waits as long as the job runs.
+    With segments m1 is killed first, while s0, the spare of another domain, still waits."""
     outs = {name: tmp_path / name for name in ("m0", "m1", "s0", "s1")}
     nodes = {}
     for name, out in outs.items():
         out.mkdir()
+        segment = ["--eft-segment", "2", "--eft-segment-domain", DOMAINS[name]] if segments else []
         nodes[name] = eft_job("allreduce_loop.py", out, nodes="2:2", name=name,
                               eft_flags=["--eft-node-id", name, "--rdzv-conf",
                                          f"join_timeout={5 if name.startswith('s') else 300}",
-                                         "--eft-metrics-port", "0", "--eft-metrics-host", "127.0.0.1"])
+                                         "--eft-metrics-port", "0", "--eft-metrics-host", "127.0.0.1", *segment])
         if name == "m1":
             wait_for(lambda: starts(outs["m0"]) and starts(outs["m1"]), 120, "both members' workers to start")
     for spare in ("s0", "s1"):
@@ -60,25 +70,29 @@ def test_a_spare_says_so_its_loss_costs_nothing_and_the_next_takes_a_lost_member
     assert {e["source"] for e in events(etcd, run_keys, EventKind.SPARE_WAITING)} == {"s0", "s1"}
     status = CliRunner().invoke(app, ["status", "--endpoint", etcd_server.endpoint, "--run-id", run_keys.run_id],
                                 env={"COLUMNS": "160"})
-    assert "4 nodes up (2 spare: s0, s1)" in status.output, status.output
+    spares = "s0 [rack-b], s1 [rack-a]" if segments else "s0, s1"
+    assert f"4 nodes up (2 spare: {spares})" in status.output, status.output
     assert "training" in status.output.splitlines()[0], status.output  # a spare is not a node waiting to join
     targets = CliRunner().invoke(app, ["metrics", "targets", "--endpoint", etcd_server.endpoint,
                                        "--run-id", run_keys.run_id])
     assert {'"node": "s0"', '"node": "s1"'} <= set(re.findall(r'"node": "\w+"', targets.output)), targets.output
-    for name, spare in (("m0", 0), ("s1", 1)):  # sum by (run) (eft_spare): the job's spares
+    for name, spare in (("m0", 0), ("s1", 1)):  # sum by (run, segment) (eft_spare): the job's spares per domain
         scraped = urllib.request.urlopen(f"http://{record(etcd, run_keys, name).metrics}/metrics", timeout=10).read()
-        assert re.search(rf'^eft_spare{{[^}}]*node="{name}"[^}}]*}} {spare}\.0$', scraped.decode(), re.M), name
+        segment = DOMAINS[name] if segments else ""
+        assert re.search(rf'^eft_spare{{[^}}]*node="{name}",[^}}]*segment="{segment}"}} {spare}\.0$',
+                         scraped.decode(), re.M), name
 
     waited = time.monotonic()
     wait_for(lambda: time.monotonic() - waited > 6 and nodes["s1"].proc.poll() is None, 30,
              "the spares to outwait their join timeout")  # (a timed-out spare's agent exits)
-    nodes["s0"].kill_node()
-    wait_for(lambda: events(etcd, run_keys, EventKind.SPARE_LOST), 60, "a member to record the spare's loss")
-    (lost_spare,) = events(etcd, run_keys, EventKind.SPARE_LOST)
-    assert (lost_spare["node"], lost_spare["source"]) == ("s0", "m0")  # the lowest member speaks for the job
-
-    nodes["m1"].kill_node()
-    wait_for(lambda: starts(outs["s1"]), 120, "the spare's workers to start")
+    for killed in (["m1", "s0"] if segments else ["s0", "m1"]):
+        nodes[killed].kill_node()
+        if killed == "s0":
+            wait_for(lambda: events(etcd, run_keys, EventKind.SPARE_LOST), 60, "a member to record the spare's loss")
+            (lost_spare,) = events(etcd, run_keys, EventKind.SPARE_LOST)
+            assert (lost_spare["node"], lost_spare["source"]) == ("s0", "m0")  # the lowest member speaks for the job
+        else:
+            wait_for(lambda: starts(outs["s1"]), 120, "the spare's workers to start")
     (promoted,) = events(etcd, run_keys, EventKind.SPARE_PROMOTED)
     assert promoted["source"] == "s1"
     assert record(etcd, run_keys, "s1").state is NodeState.RUNNING
@@ -131,3 +145,22 @@ def test_a_spare_at_risk_sits_out_and_the_job_replans_without_it(tmp_path, eft_j
     assert nodes["m0"].wait(120) == 0, nodes["m0"].output()[-3000:]
     assert [s["world_size"] for s in starts(outs["m0"])] == [2, 1]
     assert not starts(outs["s0"]) and not events(etcd, run_keys, EventKind.SPARE_PROMOTED)
+
+
+def test_a_spare_ends_with_the_jobs_status_when_the_members_saved_and_stopped(tmp_path, eft_job, etcd, run_keys):
+    """A JobSet pod's attempt (its variables set), one member (``--nnodes 1``) and a spare. The
+    member is signalled (its pod deleted): its workers save and stop, it exits 4. The spare ends
+    with it and exits 4 too, the job's recorded status: a 0 would complete its Job, and that
+    index would never train again (docs/kubernetes.md)."""
+    pod = {"JOBSET_NAME": "gpt", "JOBSET_UID": "0f9e8d7c-6b5a"}
+    loop = [ROOT / "examples" / "minimal_train.py", "--steps", "100000", "--step-seconds", "0.05",
+            "--save", tmp_path / "ckpt", "--log-interval", "10"]
+    member = eft_job(*loop, name="m0", env=pod, eft_flags=["--eft-node-id", "m0"])
+    wait_for(lambda: "iteration 10 " in member.output(), 120, "the member to train")
+    spare = eft_job(*loop, name="s0", env=pod, eft_flags=["--eft-node-id", "s0"])
+    wait_for(lambda: (r := record(etcd, run_keys, "s0")) is not None and r.state is NodeState.SPARE, 120,
+             "s0 to wait as a spare")
+    member.proc.send_signal(signal.SIGTERM)
+    assert member.wait(120) == ExitCode.REQUEUE, member.output()[-3000:]
+    assert spare.wait(60) == ExitCode.REQUEUE, spare.output()[-3000:]
+    assert "starting at step" not in spare.output()

@@ -245,6 +245,20 @@ def test_exit_barrier_key_is_the_one_torchs_exit_barrier_writes(tmp_path):
     assert torch_seam.exit_barrier_reached(store)
 
 
+def test_a_node_checked_in_at_exit_releases_the_others_waiting_in_torchs_exit_barrier(tmp_path):
+    """A signalled node's check-in (eft-run's, after its workers saved) is one torch's own
+    barrier counts: the node still there leaves at once, not after its timeout."""
+    store = dist.HashStore()
+    gone, staying = local_agent(tmp_path / "gone"), local_agent(tmp_path / "staying")
+    for agent in (gone, staying):
+        agent._store, agent._exit_barrier_timeout = store, 30
+        agent.get_worker_group().group_world_size = 2
+    torch_seam.check_in_at_exit(gone)
+    started = time.monotonic()
+    staying._exit_barrier()  # torch's own, as the node the signal did not reach waits
+    assert time.monotonic() - started < 10
+
+
 class Built(Exception):
     def __init__(self, kwargs):
         super().__init__("built")

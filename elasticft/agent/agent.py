@@ -154,11 +154,13 @@ class FTElasticAgent(LocalElasticAgent):
         if self._etcd is not None:
             host = spec.local_addr or socket.getfqdn()
             self._metrics = MetricsService(self._settings.metrics, host)  # before joining: its address is in the record
+            MemoryService.before_joining(self._settings.memory)  # imports that would starve the lease's keep-alives
             self._ctx = AgentContext.join(
                 self._etcd, self._settings.ft.node_id, host, spec.local_world_size, self._settings.ft.lease_ttl,
-                self._run_dir, self._settings.memory.domain(), self._metrics.address)
+                self._run_dir, self._settings.memory.domain(), self._metrics.address,
+                self._settings.segments.node_segment())
             self._ctx.record(EventKind.NODE_JOINED, host=self._ctx.node.record.host, gpus=spec.local_world_size)
-            spares.attach(spec.rdzv_handler, self._ctx, self._services)  # one lease, one watch; spares say so
+            spares.attach(spec.rdzv_handler, self._ctx, self._services, self._settings.segments)  # spares say so
             hold_joins(spec.rdzv_handler, JoinGate.for_agent(self._settings, self._ctx, spec.args))  # --eft-join-at
             self._ctx.client.outage.on_recovered(lambda seconds, failed: self._ctx.record(
                 EventKind.ETCD_UNAVAILABLE, seconds=round(seconds, 1), failed_requests=failed))

@@ -93,7 +93,7 @@ class AgentContext:
 
     @classmethod
     def join(cls, target: EtcdTarget, node_id: str, rdzv_addr: str, gpus: int, ttl: float,
-             run_dir: Path, domain: str = "", metrics: str = "") -> "AgentContext":
+             run_dir: Path, domain: str = "", metrics: str = "", segment: str = "") -> "AgentContext":
         """Connect, write this node's record under a new lease, and watch the others'."""
         client = connect(target.store)
         node_id = node_id or default_node_id()
@@ -105,6 +105,7 @@ class AgentContext:
             pid=os.getpid(),
             gpus=list(range(gpus)),
             domain=domain,
+            segment=segment,
             attempt=target.attempt,
             beacon=beacon.address,
             metrics=metrics,

@@ -26,7 +26,7 @@ from torch.distributed.elastic.agent.server.api import WorkerGroup
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 
 from elasticft.agent.context import AgentContext
-from elasticft.agent.decide import Decision, restart_reason, torchs_restart
+from elasticft.agent.decide import Decision, torchs_restart
 from elasticft.agent.observe import Observer
 from elasticft.agent.restart_budget import CHARGED_REASONS
 from elasticft.rendezvous.backend import rendezvous_round

@@ -24,8 +24,11 @@ from elasticft.contract.events import EventKind
 from elasticft.contract.faults import REPLICA_SLOW_SECONDS, FaultKind, parse_faults
 from elasticft.contract.memory import HELD_DIR
 from elasticft.contract.progress import reached, read_progress
+from elasticft.contract.records import NodeState
 from elasticft.contract.run_dir import FIRED_PREFIX, OutboxKind
 from elasticft.memckpt import MemoryTier
+from elasticft.memckpt.placement import Spares
+from elasticft.memckpt.replicator import preload_checkpoint_reader
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,9 @@ class MemoryService:
         self.tier = (MemoryTier(config, ctx.node_id, host, ctx.client, ctx.keys, self._run_dir, ctx.record,
                                 max_lag=max_lag)
                      if config.enabled else None)
+        if self.tier is not None:  # spares hold extra copies, to restore from their own memory when promoted
+            self.tier.spares = Spares(self._waiting_spares, lambda: ctx.node.record.state is NodeState.SPARE,
+                                      ctx.node.record.segment)
 
     def start(self, ckpt: CheckpointCoordinator) -> MemoryService:
         ckpt.on_outbox(OutboxKind.RESTORED, self._on_restored)
@@ -54,6 +60,13 @@ class MemoryService:
                  self.config.mem_ckpt_interval, self.config.mem_ckpt_replicas, self.config.budget_bytes() / 1e9,
                  self.tier.address)
         return self
+
+    @staticmethod
+    def before_joining(config: MemoryConfig) -> None:
+        """What the tier needs imported, imported before this node holds a lease (see
+        ``preload_checkpoint_reader``)."""
+        if config.enabled:
+            preload_checkpoint_reader()
 
     @staticmethod
     def worker_environment(config: MemoryConfig) -> dict[str, str]:
@@ -74,12 +87,18 @@ class MemoryService:
         if self.tier is None:
             return {}
         members = self._ctx.membership.members()
-        domains = {node: record.domain for node, record in members.items()}
+        # The ring of replica holders is the members'; spares' copies are extra (memckpt/placement.py)
+        domains = {node: record.domain for node, record in members.items() if record.state is not NodeState.SPARE}
         domains[self._ctx.node_id] = self.config.domain()
         self.tier.set_members(domains)
-        self._inject_corruption(group_rank, set(domains))
+        alive = set(members) | {self._ctx.node_id}  # a spare's copies are sources too
+        self._inject_corruption(group_rank, alive)
         self._inject_slowness(group_rank)
-        return self.tier.prepare_start(set(domains), self._reached, round_revision)
+        return self.tier.prepare_start(alive, self._reached, round_revision)
+
+    def _waiting_spares(self) -> dict[str, str]:
+        return {node: record.segment for node, record in self._ctx.membership.members().items()
+                if record.state is NodeState.SPARE}
 
     def _inject_corruption(self, group_rank: int | None, alive: set[str]) -> None:
         """``--eft-inject replica_corrupt:NODE@I``: one flipped byte in a replica held here of the

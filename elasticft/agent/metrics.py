@@ -148,7 +148,7 @@ class MetricsService:
         ctx, now = parts.ctx, time.time()
         readings = Readings(run=ctx.keys.run_id, node=ctx.node_id, now=now, local_workers=parts.local_workers(),
                             world_size=parts.world_size() or 0, etcd_up=ctx.client.outage.since is None,
-                            spare=ctx.node.record.state is NodeState.SPARE)
+                            spare=ctx.node.record.state is NodeState.SPARE, segment=ctx.node.record.segment)
         self._health(readings, parts.services)
         self._heartbeats(readings, parts.stops())
         self._job_records(readings, ctx)

@@ -19,16 +19,20 @@ from elasticft.agent.services import AgentServices
 from elasticft.contract.events import EventKind
 from elasticft.contract.records import NodeRecord, NodeState
 from elasticft.health.sampler import HealthSampler
-from elasticft.rendezvous.backend import share_node_lease
+from elasticft.config import SegmentConfig
+from elasticft.rendezvous.backend import share_node_lease, use_segments
+from elasticft.rendezvous.decision import SegmentRule
 from elasticft.store import StoreError
 
 log = logging.getLogger(__name__)
 
 
-def attach(handler: RendezvousHandler, ctx: AgentContext, services: AgentServices) -> None:
+def attach(handler: RendezvousHandler, ctx: AgentContext, services: AgentServices, segments: SegmentConfig) -> None:
     """Under eft's agent: the rendezvous shares the node's lease and membership watch
     (``share_node_lease``) and tells this node's record when it waits as a spare; a spare whose
-    own GPUs are at risk is unfit; a spare's loss is recorded once."""
+    own GPUs are at risk is unfit; a spare's loss is recorded once; rounds take whole segments."""
+    if segments.segment:
+        use_segments(handler, SegmentRule(segments.segment, segments.segment_domain))
     standby = share_node_lease(handler, ctx.node, ctx.membership)
     if standby is not None:
         standby.tell = lambda number, spare: _tell(ctx, number, spare)
@@ -56,8 +60,9 @@ def _tell(ctx: AgentContext, number: int, spare: bool) -> None:
     except StoreError as exc:  # etcd away: the record says so at the next rewrite; the event is held
         log.warning("could not mark this node's record %s: %s", "spare" if spare else "running", exc)
     if spare:
-        log.info("waiting as a spare in rendezvous round %d: the job has its --nnodes maximum of members; "
-                 "this node takes the place of the first member lost", number)
+        log.info("waiting as a spare in rendezvous round %d: the round before took its --nnodes maximum (or, with "
+                 "--eft-segment, whole segments) without this node; it takes the place of a member lost%s", number,
+                 f" in its domain, {ctx.node.record.segment}" if ctx.node.record.segment else "")
         ctx.record(EventKind.SPARE_WAITING, round=number)
     else:
         log.info("this spare is a member of rendezvous round %d: it takes a lost member's place", number)

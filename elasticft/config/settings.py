@@ -24,6 +24,7 @@ from elasticft.config.numerics import NumericsConfig
 from elasticft.config.planner import PlannerConfig
 from elasticft.config.replication import ReplicationConfig
 from elasticft.config.restarts import RestartConfig
+from elasticft.config.segments import SegmentConfig
 from elasticft.config.slurm import SlurmConfig
 from elasticft.config.start import StartConfig
 from elasticft.config.stragglers import StragglerConfig
@@ -59,6 +60,7 @@ class Settings:
         HousekeepingConfig, "eft etcd housekeeping (history compaction, the events bound)")
     slurm: SlurmConfig = _concern(SlurmConfig, "eft under SLURM (the job's time limit, asked once)")
     start: StartConfig = _concern(StartConfig, "eft worker starts and joins (warm interpreters, when a node joins)")
+    segments: SegmentConfig = _concern(SegmentConfig, "eft segments (nodes a spare replaces within their domain)")
     metrics: MetricsConfig = _concern(MetricsConfig, "eft metrics (Prometheus, served by every agent)")
 
     @classmethod

@@ -1,13 +1,25 @@
-"""The worker's command line, as both sides read it: Megatron's flags by name.
+"""Command lines as both sides read them.
 
-The agent reads ``--save``/``--load`` (where learned timeouts are kept) and the
-planner's model flags; the worker hook reads ``--save-interval``. One reader, so
-both sides agree on argparse's spellings (``--name V``, ``--name=V``, the last wins).
+The worker's: Megatron's flags by name. The agent reads ``--save``/``--load`` (where learned
+timeouts are kept) and the planner's model flags; the worker hook reads ``--save-interval``.
+One reader, so both sides agree on argparse's spellings (``--name V``, ``--name=V``, the last wins).
+
+eft-run's: which of torchrun's flags the user chose. What eft-run derives from its host (SLURM,
+a JobSet pod) fills only the flags left at torchrun's defaults, by one rule.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
+
+# torchrun's own defaults: a value equal to one of these was not chosen by the user.
+TORCHRUN_DEFAULTS = {"rdzv_id": "none", "nnodes": "1:1", "node_rank": 0, "rdzv_backend": "static",
+                     "rdzv_endpoint": "", "local_addr": None}
+
+
+def user_set(args, name: str, environ: Mapping[str, str]) -> bool:
+    """Whether the user chose ``--<name>`` (a flag or a ``PET_*`` variable)."""
+    return f"PET_{name.upper()}" in environ or getattr(args, name) != TORCHRUN_DEFAULTS[name]
 
 
 def flag_value(argv: Sequence[str], name: str) -> str | None:

@@ -36,6 +36,11 @@ class NodeState(enum.StrEnum):
     SPARE = "spare"
 
 
+# NodeRecord.attempt of a launch under torchrun's default run id: this, then the command's digest.
+# An attempt that does not start so names a job (SLURM's, a JobSet's): its outcome is its own.
+COMMAND_ATTEMPT = "cmd-"
+
+
 @dataclass
 class NodeRecord:
     """The value of ``nodes/<node_id>``.
@@ -54,7 +59,9 @@ class NodeRecord:
     state: NodeState = NodeState.RUNNING
     started: float = field(default_factory=time.time)
     domain: str = ""  # failure domain (--eft-node-label): memory checkpoint replicas go to other domains
-    attempt: str = ""  # the launch it belongs to: SLURM "<job>.r<restart>"; run id 'none': "cmd-<digest>"
+    # the launch it belongs to: SLURM "<job>.r<restart>", a JobSet's "<name>.<uid>.r<restart>";
+    # run id 'none': COMMAND_ATTEMPT + the command's digest
+    attempt: str = ""
     beacon: str = ""  # host:port where the agent tells peers how long etcd has been silent (agent/fence.py)
     metrics: str = ""  # host:port of the agent's Prometheus /metrics ("": off; `eft metrics targets`)
     # The rendezvous round whose workers on this node last failed (-1: none): that round's other
@@ -63,6 +70,7 @@ class NodeRecord:
     # The rendezvous round a spare (state ``spare``) waits in (-1: not a spare). The members of
     # an earlier round lose nothing when it goes; a member of that round or a later one does.
     spare_in: int = -1
+    segment: str = ""  # the domain of this node's segment (--eft-segment; "": no segments)
 
     def __post_init__(self) -> None:
         self.state = NodeState(self.state)

@@ -18,6 +18,8 @@ watched key (``restorable.RestorableView``), not from reading every node's recor
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import logging
 import os
 import threading
@@ -33,12 +35,20 @@ from elasticft.memckpt.chunks import checksum_part
 from elasticft.memckpt.index import MemIndex
 from elasticft.memckpt.lag import LagGate
 from elasticft.memckpt.node_dir import NodeDir
-from elasticft.memckpt.placement import replica_holders
+from elasticft.memckpt.placement import Spares, replica_holders, spare_holders
 from elasticft.memckpt.restorable import RestorableView
 from elasticft.memckpt.transfer import TransferError, push
 from elasticft.store import StoreError
 
 log = logging.getLogger(__name__)
+
+
+def preload_checkpoint_reader() -> None:
+    """Import torch's checkpoint reader (``needs_of``) now. The node agent calls this before it
+    joins: the import holds the GIL for seconds on a busy host, and in a thread of an agent that
+    holds a lease it starved the lease's keep-alives until etcd let the lease expire (a healthy
+    node taken for lost). Done here, the first save does not wait for it either."""
+    importlib.import_module("torch.distributed.checkpoint")
 
 
 def needs_of(part_dir: Path) -> list[str] | None:
@@ -75,13 +85,14 @@ class _Recheck:
 
 
 RECHECK = 0.5  # seconds between retries of refused replicas while the workers hold their snapshots
+SPARE_BACKOFF = 30.0  # seconds before a spare that failed to take a copy is sent one again
 
 
 class Replicator:
     def __init__(self, node_dir: NodeDir, node_id: str, address: str, run_id: str, index: MemIndex,
                  replicas: int, gate: PauseGate, members: Callable[[], dict[str, str]],
                  address_of: Callable[[str], str | None], lock: threading.RLock, timeout: float = 60.0,
-                 lag: LagGate | None = None):
+                 lag: LagGate | None = None, spares: Spares | None = None):
         self.node_dir = node_dir
         self.node_id = node_id
         self.address = address
@@ -98,7 +109,8 @@ class Replicator:
         self.lag = lag or LagGate(None, 1 << 30, lambda *a, **k: None)
         self._kept: dict[int, MemPart] = {}  # this node's record: the parts it keeps, by iteration
         self._short: dict[int, tuple[MemPart, Path, list[str]]] = {}  # own parts some holder refused
-        self.view = RestorableView(index, node_id, members, self._poke)
+        self.spares = spares or Spares()
+        self.view = RestorableView(index, node_id, members, self._poke, self.spares.this_node)
         self._dirty = False  # the restorable iterations (or, where this agent computes them, a record) changed
         self.newest_size = 0
         self._jobs: deque = deque()
@@ -107,6 +119,7 @@ class Replicator:
         self._stop = False
         self._warned_short = False
         self._failing: set[str] = set()  # holders whose failure was logged (once, until they work again)
+        self._spare_backoff: dict[str, float] = {}  # spare -> when a copy to it is tried again (monotonic)
         self._thread = threading.Thread(target=self._loop, name="eft-mem-replicator", daemon=True)
         self._replicating = False  # the job in progress is a save
 
@@ -189,17 +202,15 @@ class Replicator:
             return job
 
     def _loop(self) -> None:
-        # The first save must not wait seconds for torch's checkpoint reader to import (needs_of).
-        import torch.distributed.checkpoint  # noqa: F401
-
+        preload_checkpoint_reader()  # a no-op where the agent imported it before joining
         while (job := self._next()) is not None:
             try:
                 if isinstance(job, _Saved):
                     self._replicate(job)
                 elif isinstance(job, _Recheck):
                     self._retry_short()
-                if not isinstance(job, _Received):  # a replica that came in changes nothing here
-                    self._refresh()
+                if not isinstance(job, _Received) or self.spares.this_node():
+                    self._refresh()  # (a replica that came in changes nothing, but on a spare: it follows the job)
                 self._prune_and_check()
             except (OSError, StoreError) as exc:
                 log.warning("memory tier on %s: %s failed: %s", self.node_id, job, exc)
@@ -223,6 +234,21 @@ class Replicator:
             if missing:
                 self._short[job.iteration] = (part, job.path, missing)
         self.newest_size = part.size
+        self._copy_to_spares(part, job.path)
+
+    def _copy_to_spares(self, part: MemPart, path: Path) -> None:
+        """The spares' extra copies, after the record (the job waits for none of them): the index does
+        not list them (a spare finds its own on disk), and one that failed is not retried for
+        ``SPARE_BACKOFF`` seconds (a frozen spare would hold each save for a socket timeout)."""
+        now = time.monotonic()
+        for spare in spare_holders(self.node_id, self.spares):
+            if self._spare_backoff.get(spare, 0.0) > now:
+                continue
+            if self._push_to(spare, dataclasses.replace(part, holders=list(part.holders),
+                                                        addresses=dict(part.addresses)), path):
+                self._spare_backoff.pop(spare, None)
+            else:
+                self._spare_backoff[spare] = now + SPARE_BACKOFF
 
     def _write_record(self) -> None:
         """This node's record as it stands: the one etcd write of a snapshot (under the tier's lock)."""
@@ -254,7 +280,7 @@ class Replicator:
             self.lag.update(self.published)
 
     def _holders(self) -> list[str]:
-        members = dict(self.members())
+        members = dict(self.members())  # the ring: the agent leaves the spares out (agent/memory.py)
         members.setdefault(self.node_id, "")
         holders = replica_holders(self.node_id, members, self.replicas)
         if len(holders) < self.replicas and not self._warned_short:

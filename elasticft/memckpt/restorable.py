@@ -40,10 +40,11 @@ class RestorableView:
     """
 
     def __init__(self, index: MemIndex, node_id: str, members: Callable[[], dict[str, str]],
-                 changed: Callable[[], None]):
+                 changed: Callable[[], None], spare: Callable[[], bool] = lambda: False):
         self.index = index
         self.node_id = node_id
         self.members = members
+        self.spare = spare  # a spare never computes for the job: it only follows the key
         self.changed = changed
         self._lock = threading.Lock()
         self._key: KeySet | None = None
@@ -58,8 +59,8 @@ class RestorableView:
 
     @property
     def computing(self) -> bool:
-        """True where this agent computes for all: the first alive node in sorted order."""
-        return min(set(self.members()) | {self.node_id}) == self.node_id
+        """True where this agent computes for all: the first alive member in sorted order (no spare)."""
+        return not self.spare() and min(set(self.members()) | {self.node_id}) == self.node_id
 
     def refresh(self) -> list[int]:
         """The restorable iterations, newest first (computed and published first, on the computing agent)."""

@@ -40,18 +40,21 @@ class _Failed(Exception):
 
 
 def _local_copy(node_dir: NodeDir, node_id: str, iteration: int, src: FileSource) -> Path | None:
+    """This node's copy of ``src``: of its own part, or held for the origin, as a holder the index
+    lists or as a spare (a spare's extra copy is not listed: memckpt/placement.py); None: none."""
     if src.origin == node_id:
         part = node_dir.own_part(iteration)
         return part / src.name if part is not None else None
-    return node_dir.held_part(src.origin, iteration) / src.name
+    held = node_dir.held_part(src.origin, iteration) / src.name
+    return held if any(h == node_id for h, _ in src.holders) or held.is_file() else None
 
 
 def _place(node_dir: NodeDir, node_id: str, run_id: str, iteration: int, src: FileSource, dest: Path,
            timeout: float) -> None:
     """Put one verified file at ``dest``: a hard link of a local copy, else a download; _Failed names why."""
     tried = []
-    if any(h == node_id for h, _ in src.holders):
-        local = _local_copy(node_dir, node_id, iteration, src)
+    local = _local_copy(node_dir, node_id, iteration, src)
+    if local is not None or any(h == node_id for h, _ in src.holders):
         try:
             if local is None or crc32_of(local) != src.crc:
                 raise OSError("checksum mismatch against the index" if local is not None else "missing")
@@ -79,7 +82,7 @@ def _ranged(node_dir: NodeDir, node_id: str, iteration: int, src: FileSource, pa
     turn = zlib.crc32(f"{node_id}/{src.name}".encode()) % len(others) if others else 0
     entry = RangedFile(src.name, src.origin, src.size, src.crc, others[turn:] + others[:turn],
                        chunks=list(chunks) if chunks else None)
-    local = _local_copy(node_dir, node_id, iteration, src) if any(h == node_id for h, _ in src.holders) else None
+    local = _local_copy(node_dir, node_id, iteration, src)
     # A copy pruned meanwhile, or never received, is read from the holders; so is a missing table.
     names = [src.name, src.name + CHUNKS_SUFFIX] if chunks else [src.name]
     for name in names if local is not None else []:

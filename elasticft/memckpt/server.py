@@ -76,7 +76,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _Refused(403, f"not run {owner.run_id}")
             method()
         except _Refused as exc:
-            if exc.status != 404:
+            if exc.status not in (404, 507):  # (the sender says once that a holder has no room)
                 log.warning("shard server %s refused %s %s from %s: %s", owner.node_id, self.command, self.path,
                             self.client_address[0], exc)
             self.close_connection = True  # an unread request body must not be taken for the next request
@@ -137,6 +137,8 @@ class _Handler(BaseHTTPRequestHandler):
         length, crc = self.headers.get("Content-Length", ""), self.headers.get(CHECKSUM_HEADER, "")
         if not length.isdigit() or not crc.isdigit():
             raise _Refused(400, f"PUT needs Content-Length and {CHECKSUM_HEADER}")
+        if not owner.room(int(length)):
+            raise _Refused(507, f"no room for {name} of {origin} within this node's memory budget")
         folder = owner.node_dir.held_part(origin, iteration)
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
@@ -183,6 +185,9 @@ class ShardServer:
         self.node_id = node_id
         self.run_id = run_id
         self.on_received = on_received  # a replica file arrived: the tier re-checks its budget
+        # Whether this node takes a replica file of so many bytes now: a spare only within its budget
+        # (a member's replicas are never refused: its budget pauses the snapshots instead).
+        self.room: Callable[[int], bool] = lambda nbytes: True
         self.slow: tuple[int, float] | None = None  # injected (replica_slow): from iteration, seconds per file
         self._server = _Server((host, port), _Handler)
         self._server.owner = self

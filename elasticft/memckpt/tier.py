@@ -25,6 +25,7 @@ from elasticft.memckpt.budget import PauseGate
 from elasticft.memckpt.index import MemIndex, complete_iterations
 from elasticft.memckpt.lag import LagGate
 from elasticft.memckpt.node_dir import NodeDir
+from elasticft.memckpt.placement import Spares
 from elasticft.memckpt.plan import Plan, restart_plan
 from elasticft.memckpt.reclaim import claim, reclaim_and_say, remove_run_dir_if_empty
 from elasticft.memckpt.replicator import Replicator
@@ -55,6 +56,7 @@ class MemoryTier:
         self._server: ShardServer | None = None
         self._replicator: Replicator | None = None
         self._servers: KeySet | None = None  # the peers' shard server addresses, watched
+        self.spares = Spares()  # the agent's live view of the spares, set before start (placement.py)
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -64,13 +66,19 @@ class MemoryTier:
         claim(self.node_dir.root)
         self._server = ShardServer(self.node_dir, self.node_id, self.keys.run_id, self.host,
                                    self.config.mem_ckpt_port, on_received=self._on_received).start()
+        self._server.room = self._room
         self.client.put(self.keys.mem_server(self.node_id), self.address)
         gate = PauseGate(self.run_dir, self.config.budget_bytes(), self.record)
         self._replicator = Replicator(self.node_dir, self.node_id, self.address, self.keys.run_id, self.index,
                                       self.config.mem_ckpt_replicas, gate, self._members, self._address_of,
                                       self._lock, self.timeout,
-                                      LagGate(self.run_dir / LAG_MARKER, self.max_lag, self.record))
+                                      LagGate(self.run_dir / LAG_MARKER, self.max_lag, self.record), self.spares)
         self._replicator.start()
+
+    def _room(self, nbytes: int) -> bool:
+        """A spare takes one more extra copy only within its budget: without segments every member's
+        part comes to every spare, which no spare's memory holds at a thousand nodes."""
+        return not self.spares.this_node() or self.node_dir.used_bytes() + nbytes <= self.config.budget_bytes()
 
     def close(self) -> None:
         if self._replicator is not None:

@@ -74,7 +74,9 @@ class Metric(enum.Enum):
     PARALLEL_SIZE = _spec("parallel_size", Kind.GAUGE, (*NODE, "dim"),
                           "the round's layout: dim tp, pp or dp (the planner's TPxPPxDP)")
     LOCAL_WORKERS = _spec("local_workers", Kind.GAUGE, NODE, "worker processes running on the node")
-    SPARE = _spec("spare", Kind.GAUGE, NODE, "1 while the node waits as a spare (sum by run: the job's spares)")
+    SPARE = _spec("spare", Kind.GAUGE, (*NODE, "segment"),
+                  "1 while the node waits as a spare; segment: its domain with --eft-segment, else empty "
+                  "(sum by (run, segment): the job's spares per domain)")
     # -- progress, from the heartbeats the agent reads anyway
     ITERATION = _spec("iteration", Kind.GAUGE, (*NODE, "local_rank"),
                       "the newest iteration the node's rank has stepped (by local rank: stable across re-plans)")

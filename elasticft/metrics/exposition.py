@@ -91,7 +91,7 @@ def _round(out: _Families, r: Readings) -> None:
     for dim, size in r.layout.items():
         out.add(Metric.PARALLEL_SIZE, size, dim)
     out.add(Metric.LOCAL_WORKERS, r.local_workers)
-    out.add(Metric.SPARE, int(r.spare))
+    out.add(Metric.SPARE, int(r.spare), r.segment)
     for rank in r.ranks:
         out.add(Metric.ITERATION, rank.iteration, rank.local_rank)
         out.add(Metric.HEARTBEAT_AGE, max(0.0, r.now - rank.beat), rank.local_rank)

@@ -47,6 +47,7 @@ class Readings:
     layout: dict[str, int] = field(default_factory=dict)  # tp, pp, dp
     local_workers: int = 0
     spare: bool = False  # the node waits as a spare (its record says so)
+    segment: str = ""  # the domain of the node's segment (--eft-segment; its record says so)
     ranks: list[RankReading] = field(default_factory=list)
     iterations_per_second: float | None = None
     restart_budget_remaining: int | None = None

@@ -130,6 +130,8 @@ class PeerCheck:
         return Aside(formed.number, master, addr, port)
 
     def _master_node(self, formed: Round) -> str | None:
+        if formed.first is not None:  # the decision names it
+            return formed.first
         first = self._rounds.client.oldest(self._keys.rdzv_participants(formed.number), 1, formed.revision)
         return json.loads(first[0].value)["node"] if first else None
 

@@ -33,6 +33,7 @@ from elasticft.rendezvous.handler import (
     RendezvousStoreUnavailable,
     node_name,
 )
+from elasticft.rendezvous.decision import SegmentRule
 from elasticft.rendezvous.held import Admission
 from elasticft.rendezvous.membership import Membership, NodeLease
 from elasticft.rendezvous.rounds import RoundLimits, Rounds
@@ -232,6 +233,13 @@ def share_node_lease(handler: RendezvousHandler, node: NodeLease, membership: Me
         handler.rounds.share_with_agent(node.lease, node.rejoin, membership.lost.is_set)
         return handler.rounds.standby
     return None
+
+
+def use_segments(handler: RendezvousHandler, rule: SegmentRule) -> None:
+    """Under eft's agent with ``--eft-segment``: rounds take whole segments (``segments.py``).
+    Other backends know no segments (eft-run refuses --eft-segment with them)."""
+    if isinstance(handler, EtcdRendezvousHandler):
+        handler.rounds.segments = rule
 
 
 def hold_joins(handler: RendezvousHandler, admission: Admission) -> None:

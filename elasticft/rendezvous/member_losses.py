@@ -58,16 +58,19 @@ class ParticipantWatch:
 
     def _count(self, formed: Formed, members: KeySet) -> int:
         """A key that vanished is a member's when it ranked below the size at the round's
-        revision (else it was a node beyond ``max_nodes`` moving on); classified lazily, one
-        count each, and only until one is found."""
+        revision (else it was a node beyond ``max_nodes`` moving on) or, with segments, when the
+        decision did not leave it out; classified lazily, one count each, and only until one is found."""
         lost = 0
         prefix = self._keys.rdzv_participants(formed.number)
         for key in list(members.vanished):
             if key not in self._member:
                 if lost:
                     break  # one known loss is enough to restart; torch asks only for > 0
-                rank, _ = self._client.count_range(prefix, key, formed.revision)
-                self._member[key] = rank < formed.size
+                if formed.left_out is not None:  # segments: every participant but those named is a member
+                    self._member[key] = key[len(prefix):] not in formed.left_out
+                else:
+                    rank, _ = self._client.count_range(prefix, key, formed.revision)
+                    self._member[key] = rank < formed.size
             lost += self._member[key]
         return lost
 

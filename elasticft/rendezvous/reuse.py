@@ -25,6 +25,7 @@ import time
 from typing import Callable
 
 from elasticft.contract.keys import RunKeys
+from elasticft.contract.outcome import JobOutcome
 from elasticft.contract.records import NodeRecord
 from elasticft.rendezvous.backend import RendezvousConfigError
 from elasticft.store import EtcdClient
@@ -86,3 +87,20 @@ def prepare_run(client: EtcdClient, keys: RunKeys, attempt: str, linger: float,
         log.info("run %s: its previous attempt ended; starting a new one (checkpoint history, events and "
                  "restart record kept)", keys.run_id)
     return reset
+
+
+def attempt_outcome(client: EtcdClient, keys: RunKeys, attempt: str) -> JobOutcome | None:
+    """How this very attempt ended, where a node recorded it (``contract/outcome.py``), else None.
+
+    For a node that did not train to the end of its attempt: one that starts after its job
+    finished (a JobSet pod replaced while the others trained on; a late srun task) has
+    nothing to join, and a spare that watched the job stop follows the job's status. Only a
+    named attempt (SLURM's, a JobSet's) is matched."""
+    if not attempt:
+        return None
+    raw = client.get(keys.outcome)
+    try:
+        outcome = JobOutcome.from_json(raw.value) if raw is not None else None
+    except (ValueError, TypeError, KeyError):
+        return None
+    return outcome if outcome is not None and outcome.attempt == attempt else None

@@ -3,7 +3,7 @@ that torch's errors do not name (``rounds.py``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch.distributed.elastic.rendezvous import RendezvousError
 
@@ -34,3 +34,8 @@ class Round:
     rank: int
     size: int
     revision: int  # the participants are the keys that existed at this revision
+    # With segments (decision.py): the participants the round left out (they wait as spares),
+    # and how many members each domain has; None and {} without segments.
+    left_out: tuple[str, ...] | None = None
+    domains: dict[str, int] = field(default_factory=dict, compare=False)
+    first: str | None = None  # the participant of rank 0 (its bootstrap store is the round's)

@@ -13,10 +13,9 @@ A round ``r`` is formed like this (keys in ``contract/keys.py``):
   for more (not at ``max_nodes``, nor after the first round: a lost node costs its lease
   TTL only, a newcomer comes next round) and creates ``rdzv/ctl/decision/<r>`` =
   ``{"revision": R, "size": n, "first": <rank 0>}``: the participants are the keys at revision R;
-* when the decision reaches a node through its watch, its rank is the number of
-  participant keys sorting before its own at revision R: one count-only range read,
-  the same answer on every node, no member list sent to anyone; rank 0's bootstrap store's
-  address comes the same way (``master.py``): a node's round is a put and a count;
+* a node reads its rank from the decision (``decision.py``: a count of the keys before its
+  own, or kept from the round before): no member list sent to anyone; rank 0's store's
+  address comes the same way (``master.py``);
 * a node that arrives after the decision (or beyond ``max_nodes``) moves to round
   ``r + 1``; the first such node marks ``rdzv/ctl/waiting/<r+1>`` (under its lease).
   The members of ``r`` see the marker in their control watch, and see lost members in
@@ -25,12 +24,11 @@ A round ``r`` is formed like this (keys in ``contract/keys.py``):
   (and the agent's ``admission`` lets newcomers in now: ``held.py``).
 
 When membership does not change nothing is written: the only traffic is lease keep-alives.
-A node that cannot reach its round's master stands aside (``aside.py``, ``stand_aside``).
+A node that cannot reach its round's master stands aside (``aside.py``).
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +40,8 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from elasticft.contract.keys import RunKeys
+from elasticft.rendezvous import decision as decision_of_round
+from elasticft.rendezvous.decision import SegmentRule
 from elasticft.rendezvous.held import Admission, HeldWait
 from elasticft.store.keyset import KeySet
 from elasticft.rendezvous.member_losses import AgentLosses, MemberLosses, ParticipantWatch
@@ -83,6 +83,8 @@ class Rounds:
         self.admission: Admission | None = None  # asked before newcomers count as waiting (held.py)
         self._held = HeldWait(node, limits.join_timeout)
         self.standby = Standby(limits.join_timeout)  # when this node waits as a spare (standby.py)
+        self.segments: SegmentRule | None = None  # set by eft's agent with --eft-segment (decision.py)
+        self._waiting = decision_of_round.Waiting(client, keys)  # with segments: who waits next round
 
     def _wake(self) -> None:
         with self._woken:
@@ -127,8 +129,11 @@ class Rounds:
             )
 
     def _spare(self, control: KeySet, number: int) -> bool:
-        """Waiting in round ``number`` while the round before it formed full: torch's redundancy list."""
-        return after_full(control, self.keys, number, self.limits.max_nodes)
+        """Waiting in round ``number`` while the round before it formed full (torch's redundancy list)
+        or left this node out (segments)."""
+        return (after_full(control, self.keys, number, self.limits.max_nodes)
+                or number > 0 and decision_of_round.left_out_of(control.get(self.keys.rdzv_decision(number - 1)),
+                                                                self.node))
 
     def _first_undecided(self, control: KeySet) -> int:
         decided = [_round_of(k) for k in control.snapshot() if k.startswith(self.keys.rdzv_decisions)]
@@ -142,7 +147,7 @@ class Rounds:
         if self._control is not None or self._joined is not None or self._roles or self._leftover:
             return None
         key, decisions = self.keys.rdzv_participant(0, self.node), self.keys.rdzv_decisions
-        done = self.client.put_unless_and_read(key, json.dumps({"node": self.node}), self._ensure_lease(),
+        done = self.client.put_unless_and_read(key, self._value(), self._ensure_lease(),
                                                (decisions, prefix_end(decisions)),
                                                (self.keys.rdzv_control, self.keys.rdzv_watched_end),
                                                claim=(self.keys.rdzv_closer(0), self.node))
@@ -159,9 +164,12 @@ class Rounds:
         lease = self._ensure_lease()
         stale = self._roles + ([self._joined[1]] if self._joined is not None and self._joined[1] != key else [])
         stale += [k for k in self._leftover if k != key and k not in stale]
-        revision = self.client.put_and_delete(key, json.dumps({"node": self.node}), lease, stale)
+        revision = self.client.put_and_delete(key, self._value(), lease, stale)
         self._joined, self._roles, self._leftover = (number, key), [], []
         return revision
+
+    def _value(self) -> str:
+        return decision_of_round.participant_value(self.node, self.segments, self._current)
 
     def _claim(self, key: str) -> None:
         """Create a role key (closer, waiting marker) under my lease if no one holds it."""
@@ -171,26 +179,15 @@ class Rounds:
             self.cas_losses += 1
 
     def _resolve(self, number: int, decision: bytes, joined_at: int) -> Round | None:
-        """My place in round ``number`` by its decision; None when I came too late for it."""
-        fields = json.loads(decision)
-        revision, size = int(fields["revision"]), int(fields["size"])
-        if joined_at > revision:
-            return None
-        if fields.get("first") == self.node:  # rank 0, named by the closer: it starts the store at once
-            return Round(number, 0, size, revision)
-        prefix = self.keys.rdzv_participants(number)
-        rank, _ = self.client.count_range(prefix, self.keys.rdzv_participant(number, self.node), revision)
-        return Round(number, rank, size, revision) if rank < size else None
+        """My place in round ``number`` by its decision; None when I came too late for it or was left out."""
+        return decision_of_round.place(self.client, self.keys, number, self.node, decision, joined_at, self._current)
 
     def _close(self, number: int) -> bytes | None:
-        """Decide round ``number``: its participants are the keys there now, the first its rank 0.
+        """Decide round ``number``: its participants are the keys there now (``decision.py``).
         The same transaction drops its closer and waiting keys, and a round long gone's decision.
         The decision, or None when another node's came first (the control watch brings that one)."""
-        prefix = self.keys.rdzv_participants(number)
-        count, revision = self.client.count_range(prefix, prefix_end(prefix))
-        first = self.client.oldest(prefix, 1, revision)  # rank 0 then needs no count to know it is
-        decision = json.dumps({"revision": revision, "size": min(count, self.limits.max_nodes),
-                               "first": first[0].key[len(prefix):] if first else None})
+        decision = decision_of_round.make(self.client, self.keys, number, self.limits.max_nodes, self.segments,
+                                          self._watch_control().get(self.keys.rdzv_decision(number - 1)))
         done = (self.keys.rdzv_closer(number), self.keys.rdzv_waiting(number), self.keys.rdzv_held(number))
         if number >= KEPT_DECISIONS:  # (a recent one, and its master's address, may be read by a slow node)
             done += (self.keys.rdzv_decision(number - KEPT_DECISIONS), self.keys.rdzv_master(number - KEPT_DECISIONS))
@@ -273,7 +270,8 @@ class Rounds:
                 now = time.monotonic()
                 wake_at = min(deadline, self.standby.next_look())
                 if mine is not None and (previous is None or len(previous) == 0):
-                    count = len(mine)
+                    count = decision_of_round.eligible(list(mine.snapshot().values()), number,
+                                                       self.limits.max_nodes, self.segments)
                     # after the first round, the round before is empty once each of its live
                     # members is here: no one else to wait for, so no last call (a lost node
                     # costs its lease TTL, not TTL + last call; a newcomer comes next round)
@@ -307,6 +305,7 @@ class Rounds:
 
     def _stop_watching_round(self) -> None:
         self._losses.close()
+        self._waiting.close()
         if self.admission is not None:
             self.admission.close()
 
@@ -323,6 +322,8 @@ class Rounds:
             lost = self._losses.lost(formed, control)
             if not self.someone_waits() or formed.size - lost >= self.limits.max_nodes:
                 return lost
+            if not lost and self.segments and not self._waiting.adds(formed, self.limits.max_nodes, self.segments):
+                return 0  # they make no whole segment: they wait as spares (segments.py)
             if not lost and self.admission is not None and not self.admission.admit(formed, control):
                 return 0  # the members hold the newcomers back (held.py); a loss restarts with them
             following = self.keys.rdzv_participants(formed.number + 1)

@@ -12,10 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from elasticft.contract.argv import user_set
 from elasticft.slurm.job import SlurmJob
 
-# torchrun's own defaults: a value equal to one of these was not chosen by the user.
-TORCHRUN_DEFAULTS = {"rdzv_id": "none", "nnodes": "1:1", "node_rank": 0}
 SHELLS = {"bash", "sh", "dash", "zsh", "ksh", "tcsh", "csh", "fish"}
 
 
@@ -33,11 +32,6 @@ class Derived:
             parts.append(f"time limit at {at}: save and exit {margin_mins:g} min before")
         what = ", ".join(parts) or "nothing to derive (flags given)"
         return f"SLURM job {job.name} attempt {job.restart_count}: {what}"
-
-
-def user_set(args, name: str, environ: Mapping[str, str]) -> bool:
-    """Whether the user chose ``--<name>`` (a flag or a ``PET_*`` variable)."""
-    return f"PET_{name.upper()}" in environ or getattr(args, name) != TORCHRUN_DEFAULTS[name]
 
 
 def derive(args, job: SlurmJob, environ: Mapping[str, str] = os.environ) -> Derived:

@@ -1,5 +1,5 @@
-"""The one place that touches torch's private names (this module, and ``worker_side.py``
-for the workers' part, whose names it re-exports).
+"""The one place that touches torch's private names (this module, ``worker_side.py`` for the
+workers' part and ``exit_barrier.py`` for the agents' last meeting, whose names it re-exports).
 
 eft reuses torch's elastic agent, its dynamic rendezvous and torchrun's launch path,
 and works around a few of their behaviours through names torch does not promise to
@@ -135,24 +135,6 @@ def remaining_restarts(agent: LocalElasticAgent) -> int:
 def rendezvous_store(agent: LocalElasticAgent) -> Any:
     """The c10d store of the agent's current rendezvous round (None before the first)."""
     return _attribute(agent, "_store")
-
-
-def exit_barrier_key() -> str:
-    """The store key torch's exit barrier counts finished agents under.
-
-    A finished agent adds itself under this key before it waits for the others, so
-    its existence means some node's workers are done: what a spare node, which has
-    no workers to watch, waits for before it finishes too.
-    """
-    return _TERMINAL_STATE_SYNC_ID + _NUM_MEMBERS
-
-
-def exit_barrier_reached(store: Any) -> bool:
-    """True once any agent entered torch's exit barrier in ``store``.
-
-    Store errors propagate: the caller decides what a store in trouble means.
-    """
-    return bool(store.check([exit_barrier_key()]))
 
 
 @contextlib.contextmanager
@@ -391,6 +373,7 @@ _check_installed_torch()
 
 
 # The worker's side (defined after the checks above, which it relies on).
+from elasticft.torch_seam.exit_barrier import check_in_at_exit, exit_barrier_key, exit_barrier_reached  # noqa: E402,F401,I001
 from elasticft.torch_seam.worker_side import (  # noqa: E402,F401 - the seam's face
     lazy_gloo_group,
     observe_init_process_group,

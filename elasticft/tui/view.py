@@ -324,7 +324,8 @@ def build_view(state: RunState, now: float, settings: ViewSettings = ViewSetting
         layout_age_s=_layout_age(state, events, now),
         restarts=_restarts(events), uptime_s=_age(now, state.started), threshold=settings.threshold,
         job_restarts=_job_restarts(state.restarts),
-        spare_nodes=sorted(n for n, r in state.nodes.items() if r.state is NodeState.SPARE),
+        spare_nodes=sorted(n + (f" [{r.segment}]" if r.segment else "")  # the domain a spare stands in for
+                           for n, r in state.nodes.items() if r.state is NodeState.SPARE),
         watch_error=state.watch_error,
     )
     shown = events[-settings.events:] if settings.events > 0 else []

@@ -56,7 +56,8 @@ def train_args(out: Path, args) -> list[str]:
 
 
 def agent(endpoint: str, run_id: str, out: Path, args, name: str, faults: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "launcher.eft_run", "--nnodes", f"1:{args.nodes}",
+    # Nodes beyond --nnodes's maximum wait as spares (docs/spares.md)
+    cmd = [sys.executable, "-m", "launcher.eft_run", "--nnodes", f"1:{args.nodes - getattr(args, 'spares', 0)}",
            "--nproc-per-node", str(getattr(args, "procs", 2)),
            "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
            "--eft-node-id", name, "--eft-health-interval", "0.5", "--max-restarts", "1",
@@ -158,6 +159,7 @@ def main(argv=None) -> int:
     parser.add_argument("--compare", action="store_true", help="run with and without the memory tier")
     parser.add_argument("--cold-workers", action="store_true", help="no warm interpreters: every worker starts cold")
     parser.add_argument("--nodes", type=int, default=2, help="simulated nodes (2 workers each)")
+    parser.add_argument("--spares", type=int, default=0, help="of --nodes, how many wait as spares")
     parser.add_argument("--micro-batch-size", type=int, default=8,
                         help="8 (the whole global batch): no data parallelism, so TP2 x PP2 spans both nodes "
                              "and a lost node's share of the state exists only in its replica")
