@@ -19,7 +19,7 @@ from elasticft.agent.hangs import find_overruns
 from elasticft.config import ConfigError, HangConfig
 from elasticft.contract.argv import flag_value
 from elasticft.contract.keys import RunKeys
-from elasticft.contract.progress import ProgressRecord, read_progress
+from elasticft.contract.progress import ProgressRecord, read_progress, saved_and_stopped
 from elasticft.worker.progress import ProgressWriter
 
 
@@ -109,6 +109,23 @@ def test_a_long_save_inside_a_step_is_not_counted_against_the_step_timeout(tmp_p
     assert find_overruns([record], alive={os.getpid()}, timeouts={"step": 10.0}, now=clock.now) == []
     writer.step(7)
     assert ProgressRecord.from_json(heartbeat(tmp_path)).longest == {"step": 2.0, "checkpointing": 12.0}
+
+
+def test_a_node_whose_workers_got_past_their_stop_save_departs_and_one_mid_save_is_lost(tmp_path):
+    """A pod deleted (SIGTERM): the job agreed to save and exit. Its node leaves before the other
+    nodes' workers have exited; once its own workers are past the save, its going is a departure
+    (they stop with the same save), but while one is still saving, a loss (the others' save hangs)."""
+    writers = [ProgressWriter(tmp_path, rank=r, local_rank=r) for r in (0, 1)]
+    assert not saved_and_stopped(read_progress(tmp_path))  # no stop agreed
+    for writer in writers:
+        writer.step(22)
+        writer.stopping("signal")
+        writer.enter("checkpointing")
+    writers[0].leave()
+    assert not saved_and_stopped(read_progress(tmp_path))  # rank 1 still saving
+    writers[1].leave()
+    assert saved_and_stopped(read_progress(tmp_path))
+    assert not saved_and_stopped({})  # no eft hook in the script: nothing says it saved
 
 
 def test_find_overruns():

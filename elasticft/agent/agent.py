@@ -77,7 +77,7 @@ from elasticft.agent.warm_pool import WarmPool
 from elasticft.config import Settings, env_name
 from elasticft.contract.events import EventKind
 from elasticft.contract.phases import RestartPhase
-from elasticft.contract.progress import read_progress
+from elasticft.contract.progress import read_progress, saved_and_stopped
 from elasticft.contract.records import layout_record
 from elasticft.contract.run_dir import TrainingLoop, WorkerEnv
 from elasticft.rendezvous.backend import hold_joins, rendezvous_revision, rendezvous_round, stand_aside_if_cut
@@ -114,8 +114,7 @@ class FTElasticAgent(LocalElasticAgent):
         self._sessions: set[int] = set()  # this generation's session ids (workers' pids): what they leave ends with them
         self._leftovers: list = []  # what the last stop killed in those sessions, awaited before the next start
         self.membership_restarts = 0
-        # Why this node's workers last agreed to save and exit (None: they did not), read
-        # from their heartbeats when the agent ends: eft-run's exit status (ExitCode.after_stop).
+        # Why this node's workers agreed to save and exit (None: they did not): eft-run's exit status.
         self.stop_reason: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------
@@ -212,14 +211,15 @@ class FTElasticAgent(LocalElasticAgent):
             self._hangs.close()
         group = self.get_worker_group()
         record_job_end(self._ctx, group, self._settings, clean, self._excluded, stopped_by)
-        self.stop_reason = next((r.stop_reason for r in read_progress(self._run_dir).values() if r.stop_reason), None)
+        beats = read_progress(self._run_dir)
+        self.stop_reason = next((r.stop_reason for r in beats.values() if r.stop_reason), None)
         decided = record_outcome(self._ctx, group, clean and not self._excluded, self.stop_reason)
         self._ckpt.close()
         if self._ctx is not None:
             close_before_leaving(group, self._excluded, stopped_by, job_ended=decided is not None)
             if clean:
                 self._ctx.record(EventKind.NODE_LEFT)
-            self._ctx.leave(clean)
+            self._ctx.leave(clean or saved_and_stopped(beats))  # a job-wide save and stop: a departure
         self._services.close_notifier()
         shutil.rmtree(self._run_dir, ignore_errors=True)
 

@@ -143,3 +143,11 @@ def reached(beats: dict[int, ProgressRecord]) -> int | None:
     The restore's ``redone`` and ``eft report``'s iterations lost both count from this.
     """
     return max((b.iteration for b in beats.values() if b.iteration is not None), default=None)
+
+
+def saved_and_stopped(beats: dict[int, ProgressRecord]) -> bool:
+    """Whether every worker of a node agreed to save and exit and got past that save (its last
+    heartbeat names the reason and is out of ``checkpointing``). The job as a whole agreed: the
+    other nodes' workers stop at the same save, so this node's going is a departure, not a loss
+    to restart them for (a pod deleted, a node drained: it leaves before they have exited)."""
+    return bool(beats) and all(b.stop_reason and b.section != "checkpointing" for b in beats.values())
