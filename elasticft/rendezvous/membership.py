@@ -76,11 +76,12 @@ class NodeLease:
     def close(self, clean: bool) -> None:
         """Leave the job (a second call does nothing).
 
-        ``clean`` (the workers finished) marks the record exited before revoking, so
-        watchers see a departure. Otherwise the key just vanishes: to the survivors
-        that is a lost node, as it should be for an agent stopped by a signal, and for
-        a node that left as a straggler (state ``excluded``): the survivors restart at
-        once instead of charging their failed collectives to ``--max-restarts``.
+        ``clean`` (the workers finished, or got past the save of a job-wide stop) marks the
+        record exited before revoking, so watchers see a departure. Otherwise the key just
+        vanishes: to the survivors that is a lost node, as it should be for an agent stopped
+        by a signal before its workers saved, and for a node that left as a straggler (state
+        ``excluded``): the survivors restart at once instead of charging their failed
+        collectives to ``--max-restarts``.
         """
         if self._closed:
             return

@@ -121,6 +121,10 @@ class FaultInjector:
         import psutil
 
         agent = psutil.Process(os.getppid())
+        # Frozen first, as a dead node's agent: else it could see the workers killed before it
+        # exit and tell its peers (its record) that its workers failed, not that it was lost.
+        # (Killed first, its workers' death signal could end this one before their helpers.)
+        agent.suspend()
         victims = agent.children(recursive=True) + [agent]
         for process in victims:
             if process.pid != os.getpid():
