@@ -20,6 +20,7 @@ from elasticft.contract.events import EventKind
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord
 from elasticft.rendezvous.membership import Membership, NodeLease, default_node_id
+from elasticft.rendezvous.node_claim import claim_node_id
 from elasticft.store import EtcdClient, Lease, StoreError, StoreOptions, connect
 from elasticft.store.outage import is_unavailable, through_outage
 
@@ -110,6 +111,7 @@ class AgentContext:
             beacon=beacon.address,
             metrics=metrics,
         )
+        claim_node_id(client, target.keys.node(node_id), node_id, ttl)  # an earlier incarnation's record goes first
         membership = Membership(client, target.keys)
         node = NodeLease(client, target.keys, record, ttl)
         fence = FenceWatch(lambda: time.monotonic() - node.lease.refreshed_at, node.lease.ttl, lambda: [

@@ -34,7 +34,8 @@ class FTConfig:
         "seconds a node waits for its round's master to answer a TCP connection before it stands aside "
         "(it reaches etcd but not its peers; 0: never) (--rdzv-conf peer_probe_timeout obeys it too)",
     )
-    node_id: str = knob("", "this node's name under /eft/<run>/nodes/, of [A-Za-z0-9._-] (default: <hostname>-<pid>)")
+    node_id: str = knob("", "this node's name under /eft/<run>/nodes/, of [A-Za-z0-9._-], one per live node "
+                         "(default: <hostname>-<pid>)")
     failure_grace: float = knob(
         -1.0,
         "seconds a worker failure waits for a lost-node event that explains it "
