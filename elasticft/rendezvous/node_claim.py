@@ -16,9 +16,10 @@ the record goes first:
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
+
+import psutil
 
 from elasticft.config import ConfigError
 from elasticft.contract.records import NodeRecord
@@ -37,7 +38,7 @@ def claim_node_id(client: EtcdClient, key: str, node_id: str, ttl: float) -> Non
         earlier = NodeRecord.from_json(item.value)
     except (ValueError, TypeError, KeyError):
         earlier = None
-    if earlier is not None and earlier.host == socket.gethostname() and not _alive(earlier.pid):
+    if earlier is not None and earlier.host == socket.gethostname() and not psutil.pid_exists(earlier.pid):
         log.info("node %s: its earlier agent (pid %d) is gone and its record still there: deleting it, so that "
                  "the others see the loss now", node_id, earlier.pid)
         client.delete(key)
@@ -58,12 +59,3 @@ def claim_node_id(client: EtcdClient, key: str, node_id: str, ttl: float) -> Non
     finally:
         cancel()
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
