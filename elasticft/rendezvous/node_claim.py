@@ -18,12 +18,14 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 
 import psutil
 
-from elasticft.config import ConfigError
+from elasticft.config import ConfigError, flag_name
 from elasticft.contract.records import NodeRecord
-from elasticft.store import EtcdClient, WatchEvent
+from elasticft.store import EtcdClient
+from elasticft.store.keyset import KeySet
 
 log = logging.getLogger(__name__)
 
@@ -31,31 +33,38 @@ log = logging.getLogger(__name__)
 def claim_node_id(client: EtcdClient, key: str, node_id: str, ttl: float) -> None:
     """Return once no other record of ``node_id`` (at ``key``) is in etcd; raises ConfigError when
     a live agent holds it, StoreError when etcd does not answer."""
-    item, revision = client.get_with_revision(key)
-    if item is None:
-        return
+    changed = threading.Event()
+    record = KeySet(client, key, changed.set, exact=True)
     try:
-        earlier = NodeRecord.from_json(item.value)
-    except (ValueError, TypeError, KeyError):
-        earlier = None
-    if earlier is not None and earlier.host == socket.gethostname() and not psutil.pid_exists(earlier.pid):
-        log.info("node %s: its earlier agent (pid %d) is gone and its record still there: deleting it, so that "
-                 "the others see the loss now", node_id, earlier.pid)
-        client.delete(key)
-        return
-    gone = threading.Event()
-
-    def on_events(events: list[WatchEvent]) -> None:
-        if any(event.key == key and event.deleted for event in events):
-            gone.set()
-
-    cancel = client.watch_range(key, key + "\0", on_events, start_revision=revision + 1)
-    try:
+        value = record.get(key)
+        if value is None:
+            return
+        earlier = _parse(value)
+        if earlier is not None and earlier.host == socket.gethostname() and not psutil.pid_exists(earlier.pid):
+            log.info("node %s: its earlier agent (pid %d) is gone and its record still there: deleting it, so that "
+                     "the others see the loss now", node_id, earlier.pid)
+            client.delete(key)
+            return
         where = f" (pid {earlier.pid} on {earlier.host})" if earlier is not None else ""
         log.info("node %s: a record of this id is still in etcd%s; waiting for its lease to expire", node_id, where)
-        if not gone.wait(2 * ttl + 1.0):
-            raise ConfigError(f"--eft-node-id {node_id}: a live agent of this run has that id{where}; "
+        deadline = time.monotonic() + 2 * ttl + 1.0
+        while key in record and not record.broken and (left := deadline - time.monotonic()) > 0:
+            changed.wait(left)
+            changed.clear()
+        if record.broken:  # the watch failed (etcd away a moment): etcd itself answers at the deadline
+            time.sleep(max(deadline - time.monotonic(), 0.0))
+            held = client.get(key) is not None
+        else:
+            held = key in record
+        if held:
+            raise ConfigError(f"{flag_name('node_id')} {node_id}: a live agent of this run has that id{where}; "
                               "every node needs an id of its own")
     finally:
-        cancel()
+        record.close()
 
+
+def _parse(value: bytes) -> NodeRecord | None:
+    try:
+        return NodeRecord.from_json(value)
+    except (ValueError, TypeError, KeyError):
+        return None
