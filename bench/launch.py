@@ -157,13 +157,18 @@ def generation(path: Path, world_size: int, after: float = 0.0) -> list[dict] | 
 
 
 def time_recovery(nodes: list[Launched], victim: Launched, work: Path, world_size: int, give_up: float,
-                  check: Callable[[list[dict]], None] = lambda starts: None) -> tuple[float, float] | None:
-    """kill -9 ``victim`` (tests/workers/allreduce_loop.py's nodes, writing ``work``): seconds from
-    the kill to the last worker of the next generation of ``world_size`` started and to the last
+                  check: Callable[[list[dict]], None] = lambda starts: None,
+                  freeze: bool = False) -> tuple[float, float] | None:
+    """kill -9 ``victim`` (tests/workers/allreduce_loop.py's nodes, writing ``work``), or with
+    ``freeze`` SIGSTOP it (a machine that hangs: no process exits, no port refuses): seconds from
+    the fault to the last worker of the next generation of ``world_size`` started and to the last
     in gloo; None when none came within ``give_up``. ``check`` is given that generation's starts
     while its workers live; the others are then told to finish and awaited."""
     killed = time.time()
-    victim.kill_node()
+    if freeze:
+        victim.signal_node(signal.SIGSTOP)
+    else:
+        victim.kill_node()
     try:
         second = wait_for(lambda: generation(work / "starts.jsonl", world_size, after=killed), give_up,
                           f"workers at world size {world_size}")

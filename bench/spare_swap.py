@@ -2,7 +2,10 @@
 and without one (issue 55; docs/spares.md).
 
 spare: three agents with ``--nnodes 2:2`` (one worker each): two train, the third waits as a
-spare (its node record says ``spare``). Once it does, the member that is not group rank 0 is
+spare (its node record says ``spare``); once with the workers started cold, once with
+``--eft-warm-workers`` (every agent, the spare's too, holds an interpreter that imported torch);
+and warm with the member frozen (SIGSTOP of its agent and worker: a machine that hangs, whose
+host refuses nothing, so its loss waits for its lease, agent/gone_agents.py). Once it does, the member that is not group rank 0 is
 killed with its worker; we time until a new generation of 2 workers runs (WORLD_SIZE=2, the
 spare's worker one of them).
 
@@ -38,10 +41,13 @@ from elasticft.contract.records import NodeRecord, NodeState
 from elasticft.store import EmbeddedEtcd, StoreOptions, connect
 from elasticft.store.server import free_port
 
-# name: (--nnodes, agents, world size after the loss)
+WARM = ("--eft-warm-workers",)
+# name: (--nnodes, agents, world size after the loss, eft-run flags, the node frozen rather than killed)
 DESIGNS = {
-    "spare": ("2:2", 3, 2),
-    "re-plan (no spare)": ("1:2", 2, 1),
+    "spare": ("2:2", 3, 2, (), False),
+    "spare, warm workers": ("2:2", 3, 2, WARM, False),
+    "re-plan (no spare)": ("1:2", 2, 1, (), False),
+    "spare, warm workers, node frozen": ("2:2", 3, 2, WARM, True),
 }
 NVRX = "NVRx 0.7 spare (ft_launcher)"
 NVRX_DESIGN = ("2:3", 3, 2)  # its simple mode: the first MIN nodes train, the rest stand by
@@ -63,7 +69,8 @@ def _standing_by(first: list[dict], nodes: list[Launched]) -> Launched | None:
 
 
 def trial(nnodes: str, agents: int, world_after: int, endpoint: str, client, work: Path,
-          give_up: float = 120.0, nvrx_path: str = "") -> tuple[float, float] | None:
+          give_up: float = 120.0, nvrx_path: str = "", flags: tuple[str, ...] = (),
+          freeze: bool = False) -> tuple[float, float] | None:
     starts = work / "starts.jsonl"
     run_id = uuid.uuid4().hex
     nodes = []
@@ -78,7 +85,7 @@ def trial(nnodes: str, agents: int, world_after: int, endpoint: str, client, wor
                 env = {"PYTHONPATH": os.pathsep.join(filter(None, [nvrx_path, os.environ.get("PYTHONPATH")]))}
             else:
                 cmd = rdzv_command(eft_run(), *program, nnodes=nnodes, nproc=1, backend="etcd-v3", endpoint=endpoint,
-                                   run_id=run_id, flags=["--max-restarts", "3", "--eft-node-id", f"node{i}"])
+                                   run_id=run_id, flags=["--max-restarts", "3", "--eft-node-id", f"node{i}", *flags])
                 env = None
             nodes.append(Launched(cmd, work / f"node{i}.log", env=env))
         first = wait_for(lambda: generation(starts, 2), 300, "a world of 2")
@@ -96,7 +103,7 @@ def trial(nnodes: str, agents: int, world_after: int, endpoint: str, client, wor
             if spare is not None:
                 assert spare.proc.pid in {agent_of(r["pid"]) for r in second}, "the spare's worker is not in it"
 
-        return time_recovery(nodes, victim, work, world_after, give_up, check=spare_took_part)
+        return time_recovery(nodes, victim, work, world_after, give_up, check=spare_took_part, freeze=freeze)
     finally:
         for node in nodes:
             node.stop()
@@ -110,20 +117,22 @@ def main() -> None:
     parser.add_argument("--nvrx-path", default=os.environ.get("NVRX_PYTHONPATH", ""),
                         help="where NVRx 0.7 imports from (its src/ and its dependencies), to add its spare mode's row")
     args = parser.parse_args()
-    designs = {name: (*design, "") for name, design in DESIGNS.items()}
+    designs = {name: (nnodes, agents, after, "", flags, freeze)
+               for name, (nnodes, agents, after, flags, freeze) in DESIGNS.items()}
     if args.nvrx_path:
-        designs[NVRX] = (*NVRX_DESIGN, args.nvrx_path)
+        designs[NVRX] = (*NVRX_DESIGN, args.nvrx_path, (), False)
     ttl = FTConfig().lease_ttl
     results = {}
     with EmbeddedEtcd() as etcd, tempfile.TemporaryDirectory(prefix="eft-bench-") as tmp:
         client = connect(StoreOptions(endpoints=etcd.endpoint))
         try:
-            for name, (nnodes, agents, world_after, nvrx) in designs.items():
+            for name, (nnodes, agents, world_after, nvrx, flags, freeze) in designs.items():
                 runs = []
                 for r in range(args.repeats):
                     work = Path(tmp) / f"{len(results)}-{r}"
                     work.mkdir()
-                    runs.append(trial(nnodes, agents, world_after, etcd.endpoint, client, work, args.give_up, nvrx))
+                    runs.append(trial(nnodes, agents, world_after, etcd.endpoint, client, work, args.give_up, nvrx,
+                                      flags, freeze))
                 done = [r for r in runs if r is not None]
                 results[name] = min(done) if done else None
                 print(f"{name}: {len(done)} of {len(runs)} recovered; best {results[name]}", flush=True)
@@ -132,18 +141,20 @@ def main() -> None:
     rows = [[name, best[0], best[1]] if best else [name, f"no recovery within {args.give_up:g} s", ""]
             for name, best in results.items()]
     print()
-    print("kill -9 of a training node (not group rank 0) -> the job's workers running again (best of %d)"
-          % args.repeats)
+    print("kill -9 (or SIGSTOP: frozen) of a training node (not group rank 0) -> the job's workers running again "
+          "(best of %d)" % args.repeats)
     print(f"issue 55's target: a spare training at the same size within the lease TTL + 1.5 s "
           f"({ttl:g} + 1.5 = {ttl + 1.5:g} s)")
     print(table(["design", "workers started, s", "gloo joined, s"], rows))
-    spare, replan, nvrx = results["spare"], results["re-plan (no spare)"], results.get(NVRX)
-    if spare and replan:
-        print(f"spare / re-plan: {spare[0] / replan[0]:.2f} (workers started), "
-              f"{spare[1] / replan[1]:.2f} (gloo joined)")
-    if spare and nvrx:
-        print(f"NVRx spare / eft spare: {nvrx[0] / spare[0]:.2f} (workers started), "
-              f"{nvrx[1] / spare[1]:.2f} (gloo joined); issue 55's target: >= 3")
+    replan, nvrx = results["re-plan (no spare)"], results.get(NVRX)
+    for name in ("spare", "spare, warm workers"):
+        spare = results[name]
+        if spare and replan:
+            print(f"{name} / re-plan: {spare[0] / replan[0]:.2f} (workers started), "
+                  f"{spare[1] / replan[1]:.2f} (gloo joined)")
+        if spare and nvrx:
+            print(f"NVRx spare / eft {name}: {nvrx[0] / spare[0]:.2f} (workers started), "
+                  f"{nvrx[1] / spare[1]:.2f} (gloo joined); issue 55's target: >= 3")
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ def test_a_beacon_answers_with_its_silence_and_a_peer_without_one_says_why(peers
     beacon, closed, gone = peers(Silence(1.25, resumed=0.5), Silence(0.1), Silence(0.1))
     assert ask(beacon.address, 1.0) == PeerView(1.25, 0.5)
     closed.close()
-    assert ask(closed.address, 1.0) is NoAnswer.CLOSED  # refused: its host is there
+    assert ask(closed.address, 1.0) is NoAnswer.REFUSED  # its host is there, its agent gone
     cut(gone)
     assert ask(gone.address, 0.5) is NoAnswer.CUT  # no sign at all
 

@@ -105,6 +105,8 @@ def test_a_spare_says_so_its_loss_costs_nothing_and_the_next_takes_a_lost_member
     assert [s["world_size"] for s in starts(outs["s1"])] == [2]
     assert [e["nodes"] for e in events(etcd, run_keys, EventKind.NODE_LOST)] == [["m1"]]
     assert not starts(outs["s0"])
+    # m1's host stayed up: its refused beacon, not its lease's expiry, told m0 (agent/gone_agents.py)
+    assert "node m1 (" in nodes["m0"].output() and "its agent is gone" in nodes["m0"].output()
 
 
 HEADER = ("timestamp,node,gpu,temperature_c,memory_used_mib,memory_total_mib,power_w,power_limit_w,"

@@ -193,7 +193,7 @@ class FTElasticAgent(LocalElasticAgent):
                                   self._settings.ft.attribution_window,
                                   lambda: set(torch_seam.worker_pids(self).values()), self._numerics,
                                   ctx.fence.must_fence if ctx and ctx.fence else lambda: False,
-                                  lambda: current_round(spec.rdzv_handler))
+                                  lambda: current_round(spec.rdzv_handler), ctx.end_gone_neighbours if ctx else None)
         self._ckpt.forward_exit_signals()
         self._warm.stand_ready(spec.entrypoint, spec.args, spec.local_world_size)  # imports while the round forms
 

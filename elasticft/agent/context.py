@@ -16,6 +16,7 @@ from pathlib import Path
 
 from elasticft.agent.events import EventLog
 from elasticft.agent.fence import Beacon, FenceWatch
+from elasticft.agent.gone_agents import end_gone_leases
 from elasticft.contract.events import EventKind
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord
@@ -122,11 +123,19 @@ class AgentContext:
         log.info("node %s joined run %s (lease TTL %g s)", record.node_id, target.keys.run_id, ttl)
         return cls(client, target.keys, node, events, membership, run_dir, beacon, fence)
 
+    def end_gone_neighbours(self, round_: int) -> list[str]:
+        """The round's neighbours of this node whose agents are gone, their leases ended (gone_agents.py)."""
+        return end_gone_leases(self.client, self.keys, self.membership.members(), self.node_id, round_)
+
     def leave(self, clean: bool) -> None:
-        """Revoke the lease (marked exited first when ``clean``) and disconnect."""
-        for part in (self.fence, self.beacon):
-            if part is not None:
-                part.close()
-        self.node.close(clean)
+        """Revoke the lease (marked exited first when ``clean``) and disconnect. The beacon closes
+        after the mark: a peer that finds it closed may take this node for gone (gone_agents.py)."""
+        if self.fence is not None:
+            self.fence.close()
+        try:
+            self.node.close(clean)
+        finally:
+            if self.beacon is not None:
+                self.beacon.close()
         self.membership.close()
         self.client.close()

@@ -90,17 +90,22 @@ class NoAnswer(Enum):
     """Why a peer's beacon gave no report."""
 
     CUT = "cut"  # no sign at all: no connection, no refusal (the path to it is cut, or its host is gone)
-    CLOSED = "closed"  # its host is there (refused, or connected and said nothing useful)
+    # Its host is there and nothing listens on the port: the agent is gone (its beacon listens for
+    # all its life; a frozen agent's kernel still accepts the connection).
+    REFUSED = "refused"
+    CLOSED = "closed"  # its host is there and the connection opened, but it said nothing useful
 
 
 def ask(address: str, timeout: float) -> PeerView | NoAnswer:
     """A peer's answer, or why there is none within ``timeout``."""
     host, _, port = address.rpartition(":")
     try:
-        conn = socket.create_connection((host, int(port)), timeout)
-    except ConnectionRefusedError:
-        return NoAnswer.CLOSED
-    except (OSError, ValueError):  # timed out, or unreachable (no route, link down)
+        conn = socket.create_connection((host, int(port)), timeout, all_errors=True)
+    except ExceptionGroup as failed:  # one error per address the name has (localhost: ::1 and 127.0.0.1)
+        # refused at every address: its host is up and nothing listens; else some path is cut
+        refused = all(isinstance(e, ConnectionRefusedError) for e in failed.exceptions)
+        return NoAnswer.REFUSED if refused else NoAnswer.CUT
+    except (OSError, ValueError):  # the name does not resolve, the port is no number
         return NoAnswer.CUT
     with conn:  # create_connection left ``timeout`` on the socket for the read too
         try:

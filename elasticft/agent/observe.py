@@ -49,7 +49,8 @@ class Observer:
     def __init__(self, membership: Membership | None, node: NodeLease | None, hangs: HangMonitor,
                  ckpt: CheckpointCoordinator, attribution_window: float, worker_pids: Callable[[], set[int]],
                  numerics: NumericsWatch, must_fence: Callable[[], bool] = lambda: False,
-                 current_round: Callable[[], int | None] = lambda: None):
+                 current_round: Callable[[], int | None] = lambda: None,
+                 end_gone: Callable[[int], list[str]] | None = None):
         self._membership = membership  # None off the etcd-v3 backend: no leases to watch
         self._node = node  # this node's own record and lease (None off etcd-v3)
         self._hangs = hangs
@@ -59,6 +60,7 @@ class Observer:
         self._numerics = numerics
         self._must_fence = must_fence  # cut off from etcd alone: stop the workers before the lease expires
         self._round = current_round  # the rendezvous round this node's workers run in (None: none yet)
+        self._end_gone = end_gone  # asks the round's neighbours whether their agents are gone (gone_agents.py)
 
     def look(self, state: WorkerState, worker_group: WorkerGroup,
              failures: Mapping[int, ProcessFailure] | None = None) -> Observation:
@@ -124,10 +126,12 @@ class Observer:
         attribution window for such a report: peers of a dead node fail at once, its
         lease expires later. A failure while nodes wait to join is the scale-up that
         another agent already started (it stopped its workers, ours lost their peers).
-        A failure no lost node can explain (``no_lost_node_explains``) does not wait.
+        A failure no lost node can explain (``no_lost_node_explains``) does not wait. One that
+        waits first asks whether a neighbour's agent is gone: its record then goes at once.
         """
         membership = self._membership
         deadline = time.monotonic() + self._window
+        asked = self._end_gone is None
         while True:
             if self.fenced():
                 return None  # fenced off: told by ``_own_loss`` and ``_cut_off``
@@ -139,6 +143,9 @@ class Observer:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or no_lost_node_explains(worker_group.group_world_size, failures):
                 return None
+            if not asked and (round_ := self._round()) is not None:
+                asked = True
+                self._end_gone(round_)  # a lease ended reaches ``lost`` through the membership watch
             if membership is not None:
                 membership.lost.wait(min(0.25, remaining))
             else:

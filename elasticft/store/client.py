@@ -226,6 +226,10 @@ class EtcdClient(Transactions):
     def lease(self, ttl: float) -> Lease:
         return Lease(self, ttl)
 
+    def revoke_lease(self, lease_id: int) -> None:
+        """End a lease held by another process now: its keys go as at its expiry (agent/gone_agents.py)."""
+        self._call(lambda rpc: rpc.call(etcd_rpc.LEASE_REVOKE, api.LeaseRevokeRequest(ID=lease_id)))
+
     # -- watches -----------------------------------------------------------------
 
     def watch_prefix(self, prefix: str, on_events: OnEvents, start_revision: int | None = None,
