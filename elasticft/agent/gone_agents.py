@@ -46,7 +46,7 @@ def neighbours(records: dict[str, NodeRecord], node_id: str, round_: int) -> lis
 
 
 def end_gone_leases(client: EtcdClient, keys: RunKeys, records: dict[str, NodeRecord], node_id: str,
-                round_: int) -> list[str]:
+                    round_: int) -> list[str]:
     """Ask this node's neighbours' beacons; end the leases of those whose agents are gone.
     Returns their node ids. etcd out of reach: nothing ended (the leases expire all the same)."""
     peers = [r for r in neighbours(records, node_id, round_) if r.beacon]
@@ -74,8 +74,9 @@ def _end_lease_if_still(client: EtcdClient, key: str, seen: NodeRecord) -> bool:
     marked exited (an exited node left without a loss; another pid is the node back,
     ``node_claim.py``). Its lease, not only its record: its rendezvous keys must go too, or the next
     round would wait for them (``rounds.py``: the round before must have no participant left).
-    The beacon refused after the record was read: an agent closes its beacon only after its last
-    write (``AgentContext.leave``), so nothing can rewrite the record between the read and the revoke."""
+    The record is read after the beacon refused: an agent closes its beacon only after its last
+    write (``AgentContext.leave``), so no write of that agent can come between the read and the
+    revoke (a new agent of the node writes under a lease of its own)."""
     item = client.get(key)
     if item is None or not item.lease:
         return False

@@ -127,7 +127,7 @@ class Observer:
         lease expires later. A failure while nodes wait to join is the scale-up that
         another agent already started (it stopped its workers, ours lost their peers).
         A failure no lost node can explain (``no_lost_node_explains``) does not wait. One that
-        waits first asks whether a neighbour's agent is gone: its record then goes at once.
+        waits first asks whether a neighbour's agent is gone: its lease then ends at once.
         """
         membership = self._membership
         deadline = time.monotonic() + self._window
