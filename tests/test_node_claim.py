@@ -30,9 +30,10 @@ def test_a_node_back_within_its_ttl_removes_its_dead_incarnations_record_and_the
     new agent, it would never go: the survivors would see no loss (no ``node_lost``)."""
     membership = Membership(etcd, run_keys)
     earlier = NodeLease(etcd, run_keys, NodeRecord("n1", socket.gethostname(), "addr", dead_pid()), ttl=30)
+    etcd.put(run_keys.rdzv_participant(0, "n1"), b"{}", lease=earlier.lease)  # the next round would wait for it
     try:
         claim_node_id(etcd, run_keys.node("n1"), "n1", ttl=30)  # at once: not the 30 s of its lease
-        assert etcd.get(run_keys.node("n1")) is None
+        assert etcd.get(run_keys.node("n1")) is None and etcd.get(run_keys.rdzv_participant(0, "n1")) is None
         assert membership.lost.wait(10)
         assert [r.node_id for r in membership.take_losses()] == ["n1"]
     finally:

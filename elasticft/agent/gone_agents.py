@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from elasticft.agent.fence import NoAnswer, ask
 from elasticft.contract.keys import RunKeys
 from elasticft.contract.records import NodeRecord, NodeState
-from elasticft.rendezvous.membership import is_member_loss
+from elasticft.rendezvous.membership import end_node_lease, is_member_loss
 from elasticft.store import EtcdClient, StoreError
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,11 @@ def end_gone_leases(client: EtcdClient, keys: RunKeys, records: dict[str, NodeRe
         if answer is not NoAnswer.REFUSED:
             continue
         try:
-            if _end_lease_if_still(client, keys.node(peer.node_id), peer):
+            # still that agent's record (another pid is the node back, node_claim.py) and not marked
+            # exited (a clean departure). The record is read after the refusal, and an agent closes
+            # its beacon after its last write (AgentContext.leave): no write of it comes between.
+            if end_node_lease(client, keys.node(peer.node_id), lambda now, peer=peer: (
+                    (now.pid, now.beacon) == (peer.pid, peer.beacon) and now.state is not NodeState.EXITED)):
                 log.info("node %s (%s): its agent is gone (beacon %s refused the connection): its lease is ended, "
                          "so that the job sees the loss now rather than at the lease's expiry",
                          peer.node_id, peer.host, peer.beacon)
@@ -67,24 +71,3 @@ def end_gone_leases(client: EtcdClient, keys: RunKeys, records: dict[str, NodeRe
         except StoreError as exc:
             log.debug("could not end the lease of gone node %s: %s", peer.node_id, exc)
     return gone
-
-
-def _end_lease_if_still(client: EtcdClient, key: str, seen: NodeRecord) -> bool:
-    """Revoke the lease of the record at ``key`` if it is still that of the agent ``seen`` and not
-    marked exited (an exited node left without a loss; another pid is the node back,
-    ``node_claim.py``). Its lease, not only its record: its rendezvous keys must go too, or the next
-    round would wait for them (``rounds.py``: the round before must have no participant left).
-    The record is read after the beacon refused: an agent closes its beacon only after its last
-    write (``AgentContext.leave``), so no write of that agent can come between the read and the
-    revoke (a new agent of the node writes under a lease of its own)."""
-    item = client.get(key)
-    if item is None or not item.lease:
-        return False
-    try:
-        now = NodeRecord.from_json(item.value)
-    except (ValueError, TypeError, KeyError):
-        return False
-    if (now.pid, now.beacon) != (seen.pid, seen.beacon) or now.state is NodeState.EXITED:
-        return False
-    client.revoke_lease(item.lease)
-    return True

@@ -105,6 +105,25 @@ def running_nodes(client: EtcdClient, keys: RunKeys, spares: bool = False) -> di
     return {node: r for node, r in records.items() if r.state in wanted}
 
 
+def end_node_lease(client: EtcdClient, key: str, still: Callable[[NodeRecord], bool]) -> NodeRecord | None:
+    """Revoke the lease of the node record at ``key`` if ``still(record)`` holds for it as read
+    now: etcd deletes the record and every other key of that agent (its rendezvous participant
+    keys among them, which a next round waits for) as at the lease's expiry. For an agent known
+    gone (``node_claim.py``, ``agent/gone_agents.py``). Returns the record ended, else None;
+    raises StoreError."""
+    item = client.get(key)
+    if item is None or not item.lease:
+        return None
+    try:
+        record = NodeRecord.from_json(item.value)
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not still(record):
+        return None
+    client.revoke_lease(item.lease)
+    return record
+
+
 def is_member_loss(record: NodeRecord, round_: int) -> bool:
     """Whether losing the node of ``record`` (its last record) loses a member of rendezvous round
     ``round_``: any node but a spare that waits in a later round. A spare promoted into ``round_``

@@ -6,8 +6,8 @@ would never be deleted: the other nodes would not see the loss, would record no 
 and would restart for their failed workers instead (``eft report`` could not name the node). So
 the record goes first:
 
-- an incarnation on this host whose process is gone is deleted at once: the others see the
-  loss now, as they would at its lease's expiry;
+- an incarnation on this host whose process is gone has its lease ended at once: its record
+  and its rendezvous keys go, and the others see the loss now, as they would at its expiry;
 - one elsewhere, or alive, is awaited until its lease expires (at most twice the TTL);
 - a record still there after that belongs to a live agent: two nodes were given one
   ``--eft-node-id``, which is the user's mistake to fix, said in one line.
@@ -24,6 +24,7 @@ import psutil
 
 from elasticft.config import ConfigError, flag_name
 from elasticft.contract.records import NodeRecord
+from elasticft.rendezvous.membership import end_node_lease
 from elasticft.store import EtcdClient
 from elasticft.store.keyset import KeySet
 
@@ -41,10 +42,10 @@ def claim_node_id(client: EtcdClient, key: str, node_id: str, ttl: float) -> Non
             return
         earlier = _parse(value)
         if earlier is not None and earlier.host == socket.gethostname() and not psutil.pid_exists(earlier.pid):
-            log.info("node %s: its earlier agent (pid %d) is gone and its record still there: deleting it, so that "
-                     "the others see the loss now", node_id, earlier.pid)
-            client.delete(key)
-            return
+            if end_node_lease(client, key, lambda now: (now.host, now.pid) == (earlier.host, earlier.pid)):
+                log.info("node %s: its earlier agent (pid %d) is gone and its record still there: its lease is "
+                         "ended, so that the others see the loss now", node_id, earlier.pid)
+                return
         where = f" (pid {earlier.pid} on {earlier.host})" if earlier is not None else ""
         log.info("node %s: a record of this id is still in etcd%s; waiting for its lease to expire", node_id, where)
         deadline = time.monotonic() + 2 * ttl + 1.0
