@@ -24,7 +24,7 @@ from elasticft.contract.records import (
     store_node_record,
 )
 from elasticft.store import EtcdClient, Lease, StoreError, WatchEvent
-from elasticft.store.errors import StoreClosed
+from elasticft.store.errors import LeaseNotFound, StoreClosed
 from elasticft.store.outage import is_unavailable
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,10 @@ def end_node_lease(client: EtcdClient, key: str, still: Callable[[NodeRecord], b
         return None
     if not still(record):
         return None
-    client.revoke_lease(item.lease)
+    try:
+        client.revoke_lease(item.lease)
+    except LeaseNotFound:
+        pass  # it expired (or another node ended it) since the read: gone all the same
     return record
 
 
