@@ -29,11 +29,13 @@ even after a failure, and the next harness removes those whose creator died (kil
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
@@ -67,6 +69,18 @@ def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.Com
     if check and done.returncode != 0:
         raise RuntimeError(f"{' '.join(prefix + list(args))}: {done.stderr.strip()}")
     return done
+
+
+def _await_operstate_up(ns: str, ifname: str, timeout: float = 10.0) -> None:
+    """Return once ``ifname`` in ``ns`` is operationally up (polled: the kernel offers no wait)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = json.loads(_ip("-j", "link", "show", "dev", ifname, ns=ns).stdout)
+        if shown and shown[0].get("operstate") == "UP":
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{ifname} in {ns}: not up {timeout:.0f} s after its link was set up")
+        time.sleep(0.02)
 
 
 def _kill_inside(ns: str) -> None:
@@ -242,4 +256,14 @@ class NetnsCluster:
         _ip("link", "set", f"n{node}", "down", ns=self.switch)
 
     def link_up(self, node: int) -> None:
+        """Plug node ``node``'s cable back; return once both ends carry frames again.
+
+        The kernel reports a carrier change up to a second late (linkwatch), and an ARP
+        request sent while the cable was out leaves an unresolved neighbour entry whose
+        failure, seconds later, would fail the next connection with "no route to host":
+        so wait for both ends to be up, then forget the unresolved entries (as a host
+        does when its link comes back)."""
         _ip("link", "set", f"n{node}", "up", ns=self.switch)
+        _await_operstate_up(self.switch, f"n{node}")
+        _await_operstate_up(self.node_ns[node], "eth0")
+        _ip("neigh", "flush", "dev", "eth0", "nud", "incomplete", "nud", "failed", ns=self.node_ns[node], check=False)

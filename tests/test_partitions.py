@@ -234,7 +234,8 @@ def test_two_nodes_of_three_train_on_while_the_third_is_cut_from_its_peers(tmp_p
 def connect(cluster: NetnsCluster, node: int, address: str, port: int) -> str:
     """What node ``node`` sees when it opens a TCP connection: open, refused or timeout."""
     probe = (f"import socket\ntry:\n    socket.create_connection(({address!r}, {port}), 1.5); print('open')\n"
-             "except ConnectionRefusedError: print('refused')\nexcept TimeoutError: print('timeout')")
+             "except ConnectionRefusedError: print('refused')\nexcept TimeoutError: print('timeout')\n"
+             "except OSError as e: print(type(e).__name__, e)")
     return cluster.run(node, [sys.executable, "-c", probe]).stdout.strip()
 
 
