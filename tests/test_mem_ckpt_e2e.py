@@ -25,6 +25,7 @@ from elasticft.contract.phases import ORDER
 from elasticft.memckpt.index import MemIndex
 from elasticft.store import StoreOptions, connect
 from tests.memory_lag import assert_resumed_within_the_lag
+from tests.reference_runs import tp2_pp2_losses
 from tests.test_demo import ITERS, assert_same_losses, demo, load  # noqa: F401 - the fixture
 
 # Longer than the longest wait below (tests/test_waits.py): a late job fails with its own message.
@@ -36,18 +37,9 @@ SLOW_FROM = 4  # replica_slow: the iteration from which the survivor takes its t
 
 
 @pytest.fixture(scope="module")
-def reference(demo, tmp_path_factory):  # noqa: F811
-    """Losses of an uninterrupted run at the first layout, TP2 x PP2 (megatron seeds each
-    pipeline stage's initial weights by its stage, so a run that starts at PP2 is its own curve)."""
-    import subprocess
-
-    out = tmp_path_factory.mktemp("reference-pp2")
-    args = argparse.Namespace(train_iters=ITERS, save_interval=1000, micro_batch_size=8)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-           *demo.train_args(out, args), "--pipeline-model-parallel-size", "2"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return {r["iteration"]: r["loss"] for r in read_jsonl(out / "train.jsonl") if r["event"] == "iteration"}
+def reference(tmp_path_factory):
+    """Losses of an uninterrupted run at the first layout, TP2 x PP2 (tests/reference_runs.py)."""
+    return tp2_pp2_losses(tmp_path_factory)
 
 
 def run_demo(demo, out: Path, **overrides) -> tuple[dict, dict]:  # noqa: F811 - the fixture

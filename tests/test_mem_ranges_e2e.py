@@ -31,6 +31,7 @@ from elasticft.memckpt.index import MemIndex
 from elasticft.store import StoreOptions, connect
 from tests.gloo_job import take_outbox
 from tests.memckpt_parts import make_node
+from tests.reference_runs import LR_DECAY_ITERS, tp2_pp2_losses
 from tests.test_demo import EXAMPLE, load
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -41,7 +42,7 @@ MARGIN = 1.10  # what a node may read from others, against what its ranks' plans
 
 
 def gpt(tp: int, pp: int, micro: int, log_file: Path, *extra: str) -> list[str]:
-    return [str(EXAMPLE / "train.py"), *load("demo").MODEL, "--train-iters", str(ITERS), "--micro-batch-size",
+    return [str(EXAMPLE / "train.py"), *load("demo").MODEL, "--train-iters", str(ITERS), *LR_DECAY_ITERS, "--micro-batch-size",
             str(micro), "--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
             "--log-file", str(log_file), *extra]
 
@@ -75,13 +76,9 @@ def run_ranks(nodes, args: list[str], out: Path, interval: int) -> None:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict[int, float]:
-    """The losses of an uninterrupted run at TP2 x PP2 (a run's first layout decides its curve)."""
-    out = tmp_path_factory.mktemp("reference")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-           *gpt(2, 2, 8, out / "train.jsonl")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {r["iteration"]: r["loss"] for r in read_jsonl(out / "train.jsonl") if r["event"] == "iteration"}
+    """The losses of an uninterrupted run at TP2 x PP2 (a run's first layout decides its curve),
+    shared with test_mem_ckpt_e2e (tests/reference_runs.py)."""
+    return tp2_pp2_losses(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
