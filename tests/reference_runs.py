@@ -2,9 +2,6 @@
 session: the first module (on whichever pytest-xdist worker) to ask runs it, under a file lock
 in the session's shared temporary directory, and the others read its losses. Each run is four
 ranks importing megatron-core and training on a 2-core machine: a minute of CI a copy.
-
-A run is named by what decides its losses (layout, batch, learning-rate schedule, seed), and
-defined here once, so that two modules cannot share a name for two different runs.
 """
 
 from __future__ import annotations
@@ -35,26 +32,21 @@ def _shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-def _losses_once(tmp_path_factory: pytest.TempPathFactory, name: str, nproc: int, args_for) -> dict[int, float]:
+def tp2_pp2_losses(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    """Iteration -> loss of the GPT example at TP2 x PP2, micro batch 8, TP2_PP2_ITERS iterations."""
     shared = _shared_dir(tmp_path_factory)
-    out, done = shared / f"reference-{name}", shared / f"reference-{name}.json"
-    with open(shared / f"reference-{name}.lock", "w") as lock:
+    out, done = shared / "reference-tp2-pp2", shared / "reference-tp2-pp2.json"
+    with open(shared / "reference-tp2-pp2.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or its process dies)
         if not done.exists():
             out.mkdir(exist_ok=True)
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-                   *args_for(out)]
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                   str(EXAMPLE / "train.py"), *load("demo").MODEL, "--train-iters", str(TP2_PP2_ITERS),
+                   *LR_DECAY_ITERS, "--micro-batch-size", "8", "--tensor-model-parallel-size", "2",
+                   "--pipeline-model-parallel-size", "2", "--log-file", str(out / "train.jsonl")]
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT)
             assert run.returncode == 0, run.stderr[-3000:]
             losses = {r["iteration"]: r["loss"] for r in read_jsonl(out / "train.jsonl") if r["event"] == "iteration"}
             done.with_suffix(".tmp").write_text(json.dumps(losses))
             done.with_suffix(".tmp").rename(done)  # whole or absent: a killed run leaves no half file
     return {int(iteration): loss for iteration, loss in json.loads(done.read_text()).items()}
-
-
-def tp2_pp2_losses(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
-    """Iteration -> loss of the GPT example at TP2 x PP2, micro batch 8, TP2_PP2_ITERS iterations."""
-    return _losses_once(tmp_path_factory, "tp2-pp2-mbs8", 4, lambda out: [
-        str(EXAMPLE / "train.py"), *load("demo").MODEL, "--train-iters", str(TP2_PP2_ITERS), *LR_DECAY_ITERS,
-        "--micro-batch-size", "8", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-        "--log-file", str(out / "train.jsonl")])
